@@ -1,0 +1,1 @@
+"""The ``bastion`` command line."""

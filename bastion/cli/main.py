@@ -1,0 +1,48 @@
+"""Entry point of the ``bastion`` command: one sub-module per sub-command.
+
+Each command module exposes ``add_parser(subparsers) -> argparse.ArgumentParser`` which registers its
+sub-command and sets ``func`` (taking the parsed namespace, returning an exit code) as a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bastion import __version__
+
+COMMAND_MODULES: tuple[str, ...] = (
+    "bastion.cli.plugins_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bastion",
+        description="Lossless, budget-aware tree speculative decoding (BASTION) for Hugging Face causal LMs.",
+    )
+    parser.add_argument("--version", action="version", version=f"bastion {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for modname in COMMAND_MODULES:
+        importlib.import_module(modname).add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    from bastion.core.errors import BastionError
+
+    try:
+        return int(args.func(args) or 0)
+    except BastionError as exc:
+        print(f"bastion: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

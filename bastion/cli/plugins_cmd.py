@@ -1,0 +1,45 @@
+"""``bastion plugins``: list registered components by kind, with their source."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "plugins",
+        help="list every registered component by kind, with its source",
+        description="List every registered component (built-in or from a plugin distribution) by kind.",
+    )
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from bastion import registry
+
+    comps = registry.components()
+    failures = registry.failures()
+    if args.json:
+        payload = {
+            "components": [c.as_dict() for c in comps],
+            "failed": [{"plugin": f.plugin, "source": f.source, "error": f.error} for f in failures],
+            "blocked": registry.blocked(),
+        }
+        print(json.dumps(payload, indent=2))
+        return 0
+    for kind in registry.kinds():
+        print(f"{kind}:")
+        rows = [c for c in comps if c.kind == kind]
+        if not rows:
+            print("  (none)")
+        for c in rows:
+            desc = f"  - {c.description}" if c.description else ""
+            print(f"  {c.name:<20} [{c.source}]{desc}")
+    for f in failures:
+        print(f"failed plugin: {f.plugin} ({f.source}): {f.error}")
+    for b in registry.blocked():
+        print(f"blocked plugin: {b}")
+    return 0

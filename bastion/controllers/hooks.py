@@ -1,0 +1,10 @@
+"""Registers bastion's built-in controllers through the public plugin hook."""
+
+from __future__ import annotations
+
+from bastion.core.hookspecs import Register, hookimpl
+
+
+@hookimpl
+def bastion_register_components(register: Register) -> None:
+    pass

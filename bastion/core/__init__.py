@@ -1,0 +1,52 @@
+"""Core types, the five stage interfaces, hooks, registry and the pipeline."""
+
+from bastion.core.errors import (
+    BastionError,
+    DuplicateComponentError,
+    IncompatibleComponentsError,
+    InvalidInputError,
+    PluginLoadError,
+    TreeValidationError,
+    UnknownComponentError,
+)
+from bastion.core.interfaces import BudgetController, BudgetDecision, Drafter, LatencyModel, TreeBuilder, Verifier
+from bastion.core.target import Target
+from bastion.core.tree import Tree
+from bastion.core.types import (
+    DraftContext,
+    DraftStep,
+    GenerationResult,
+    Marginals,
+    SamplingConfig,
+    StageTimings,
+    StepRecord,
+    TargetOutput,
+    Verdict,
+)
+
+__all__ = [
+    "BastionError",
+    "BudgetController",
+    "BudgetDecision",
+    "DraftContext",
+    "DraftStep",
+    "Drafter",
+    "DuplicateComponentError",
+    "GenerationResult",
+    "IncompatibleComponentsError",
+    "InvalidInputError",
+    "LatencyModel",
+    "Marginals",
+    "PluginLoadError",
+    "SamplingConfig",
+    "StageTimings",
+    "StepRecord",
+    "Target",
+    "TargetOutput",
+    "Tree",
+    "TreeBuilder",
+    "TreeValidationError",
+    "UnknownComponentError",
+    "Verdict",
+    "Verifier",
+]

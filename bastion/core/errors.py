@@ -1,0 +1,34 @@
+"""Exception types raised by bastion."""
+
+from __future__ import annotations
+
+
+class BastionError(Exception):
+    """Base class of every error bastion raises on purpose."""
+
+
+class InvalidInputError(BastionError, ValueError):
+    """A caller passed a value bastion cannot work with (shapes, ranges, NaN...)."""
+
+
+class TreeValidationError(BastionError, ValueError):
+    """A tree breaks one of the structural invariants every tree must keep."""
+
+
+class IncompatibleComponentsError(BastionError, ValueError):
+    """Two components cannot work together (vocab sizes, hidden sizes, layer counts...)."""
+
+
+class UnknownComponentError(BastionError, KeyError):
+    """No component of that kind is registered under that name."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateComponentError(BastionError, ValueError):
+    """Two sources registered the same (kind, name)."""
+
+
+class PluginLoadError(BastionError, RuntimeError):
+    """A third-party plugin failed to import or to register its components."""

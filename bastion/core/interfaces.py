@@ -1,0 +1,127 @@
+"""The five pluggable stage interfaces of a bastion pipeline.
+
+Signatures are fixed: optional per-call context travels inside typed objects (``DraftStep``,
+``SamplingConfig``), never as extra positional arguments on a subclass. Implementations register through
+the ``bastion_register_components`` hook (see :mod:`bastion.core.hookspecs`).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from bastion.core.tree import Tree
+from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, Verdict
+
+if TYPE_CHECKING:
+    from bastion.core.target import Target
+
+__all__ = ["Drafter", "TreeBuilder", "LatencyModel", "BudgetController", "Verifier", "BudgetDecision"]
+
+
+class Drafter(abc.ABC):
+    """Proposes position-wise marginals for the K tokens after the root, in one call per step.
+
+    Life cycle per generation: :meth:`bind` (once per pipeline) -> :meth:`begin` (after prefill) ->
+    repeated (:meth:`propose`, :meth:`commit`).
+    """
+
+    #: target layer ids whose outputs the drafter reads (HF ``hidden_states[i + 1]``), concatenated
+    #: along the feature axis in this order. Empty: the drafter needs no target features.
+    feature_layers: tuple[int, ...] = ()
+
+    def bind(self, target: "Target") -> None:  # noqa: B027 - optional hook
+        """Attach to the target (borrow embeddings / lm head, check compatibility). Raise
+        :class:`bastion.core.errors.IncompatibleComponentsError` when the two cannot work together."""
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int:
+        """Size V of the vocabulary the marginals range over (must equal the target's)."""
+
+    @abc.abstractmethod
+    def begin(self, context: DraftContext) -> None:
+        """Start a new sequence: ``context.tokens`` [L] are committed, ``context.features`` [L, F]."""
+
+    @abc.abstractmethod
+    def propose(self, step: DraftStep) -> Marginals:
+        """Return marginals ``[K, V]`` for depths 1..K below ``step.root_token``, tempered by
+        ``step.temperature``. The root itself is NOT yet committed."""
+
+    @abc.abstractmethod
+    def commit(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
+        """Append newly committed tokens ``[m]`` (the step's root then its accepted nodes) and the
+        target features ``[m, F]`` at those positions (``None`` when ``feature_layers`` is empty)."""
+
+    def reset(self) -> None:  # noqa: B027 - optional hook
+        """Drop all per-sequence state."""
+
+
+class TreeBuilder(abc.ABC):
+    """Turns marginals into a verification tree whose node order keeps every prefix prefix-closed."""
+
+    @abc.abstractmethod
+    def build(self, marginals: Marginals, root_token: int, max_nodes: int) -> Tree:
+        """Return a tree of at most ``max_nodes`` nodes (root included) below ``root_token``."""
+
+
+class LatencyModel(abc.ABC):
+    """Predicts the seconds of one target forward over ``n_tokens`` tree tokens after ``context_len``
+    committed tokens, and learns from measured verify times."""
+
+    @abc.abstractmethod
+    def predict(self, n_tokens: int, context_len: int) -> float:
+        """Seconds for one target forward over ``n_tokens`` tokens at context length ``context_len``."""
+
+    @abc.abstractmethod
+    def observe(self, n_tokens: int, context_len: int, seconds: float) -> None:
+        """Feed one measured verify time (online calibration)."""
+
+    def predict_many(self, n_tokens: torch.Tensor, context_len: int) -> torch.Tensor:
+        """Vectorized :meth:`predict`: ``n_tokens`` LongTensor[N] -> FloatTensor[N] seconds.
+        Override for speed; the default loops over :meth:`predict`."""
+        return torch.tensor([self.predict(int(n), context_len) for n in n_tokens.tolist()], dtype=torch.float64)
+
+
+class BudgetDecision:
+    """What a controller may expose about its last choice (for step records and benchmarks)."""
+
+    __slots__ = ("n", "predicted_speedup")
+
+    def __init__(self, n: int, predicted_speedup: float | None) -> None:
+        self.n = n
+        self.predicted_speedup = predicted_speedup
+
+
+class BudgetController(abc.ABC):
+    """Chooses how many nodes of the best-first tree to verify this step."""
+
+    #: set by :meth:`choose` implementations that estimate speedup; read by the pipeline
+    last_decision: BudgetDecision | None = None
+
+    @abc.abstractmethod
+    def choose(
+        self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float
+    ) -> int:
+        """``log_scores`` FloatTensor[n_max]: log rho in node order (root first). ``overhead_s``: draft
+        and other non-verify seconds per step. Return n with 1 <= n <= n_max."""
+
+
+class Verifier(abc.ABC):
+    """Decides which path of the tree the target accepts; must be lossless."""
+
+    #: whether this verifier supports temperature > 0
+    supports_sampling: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def verify(
+        self,
+        tree: Tree,
+        logits: torch.Tensor,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None = None,
+    ) -> Verdict:
+        """``logits`` FloatTensor[n, V]: target logits at every node (row i predicts the token after
+        node i). Return the accepted root-to-node path and the bonus token."""

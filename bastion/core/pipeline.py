@@ -1,0 +1,362 @@
+"""The decode loop: draft -> build -> budget -> verify -> commit -> observe.
+
+The pipeline talks to the five stage interfaces (and the :class:`Target` interface) only; concrete
+components come from the registry by name or are handed in as instances.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.core.interfaces import BudgetController, Drafter, LatencyModel, TreeBuilder, Verifier
+from bastion.core.registry import Registry, registry as default_registry
+from bastion.core.sampling import sample_tokens
+from bastion.core.target import Target
+from bastion.core.tree import Tree
+from bastion.core.types import (
+    DraftContext,
+    DraftStep,
+    GenerationResult,
+    Marginals,
+    SamplingConfig,
+    StageTimings,
+    StepRecord,
+)
+
+__all__ = ["Pipeline"]
+
+_INTERFACES: dict[str, type] = {
+    "drafter": Drafter,
+    "tree_builder": TreeBuilder,
+    "latency_model": LatencyModel,
+    "budget_controller": BudgetController,
+    "verifier": Verifier,
+}
+
+#: weight of the newest step in the running mean of per-step non-verify overhead
+_OVERHEAD_EMA = 0.2
+
+
+def _check_instance(kind: str, obj: Any) -> Any:
+    iface = _INTERFACES[kind]
+    if not isinstance(obj, iface):
+        raise InvalidInputError(
+            f"{kind} must be a registered name or an instance of bastion.core.{iface.__name__}, "
+            f"got {type(obj).__name__}"
+        )
+    return obj
+
+
+class Pipeline:
+    """A speculative decoding pipeline: a target plus the five stage components."""
+
+    def __init__(
+        self,
+        target: Target,
+        drafter: Drafter | str,
+        tree_builder: TreeBuilder | str = "best-first",
+        budget_controller: BudgetController | str = "bastion",
+        latency_model: LatencyModel | str = "roofline",
+        verifier: Verifier | str = "exact",
+        *,
+        max_nodes: int = 64,
+        tokenizer: Any = None,
+        validate_trees: bool | None = None,
+        component_options: Mapping[str, Mapping[str, Any]] | None = None,
+        registry: Registry | None = None,
+    ) -> None:
+        if not isinstance(target, Target):
+            raise InvalidInputError(f"target must implement bastion.core.Target, got {type(target).__name__}")
+        if not isinstance(max_nodes, int) or max_nodes < 1:
+            raise InvalidInputError(f"max_nodes must be an int >= 1, got {max_nodes!r}")
+        self.registry = registry or default_registry
+        opts = {k: dict(v) for k, v in (component_options or {}).items()}
+        unknown = set(opts) - set(_INTERFACES)
+        if unknown:
+            raise InvalidInputError(f"component_options has unknown kinds {sorted(unknown)}; kinds are {list(_INTERFACES)}")
+        self.target = target
+        self.tokenizer = tokenizer
+        self.max_nodes = max_nodes
+
+        def resolve(kind: str, value: Any, **defaults: Any) -> Any:
+            if isinstance(value, str):
+                value = self.registry.create(kind, value, **{**defaults, **opts.get(kind, {})})
+            return _check_instance(kind, value)
+
+        self.drafter: Drafter = resolve("drafter", drafter)
+        self.tree_builder: TreeBuilder = resolve("tree_builder", tree_builder)
+        self.budget_controller: BudgetController = resolve("budget_controller", budget_controller)
+        self.latency_model: LatencyModel = resolve(
+            "latency_model", latency_model, model_config=target.config, device=str(target.device)
+        )
+        self.verifier: Verifier = resolve("verifier", verifier)
+        if validate_trees is None:  # trust bastion's own builders, check everything else
+            validate_trees = not type(self.tree_builder).__module__.startswith("bastion.")
+        self.validate_trees = validate_trees
+        self.drafter.bind(target)
+        if self.drafter.vocab_size != target.vocab_size:
+            raise IncompatibleComponentsError(
+                f"drafter vocabulary ({self.drafter.vocab_size}) differs from the target's ({target.vocab_size})"
+            )
+        self._overhead_s = 0.0
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str | Path | Target,
+        drafter: str | Path | Drafter,
+        tree_builder: TreeBuilder | str = "best-first",
+        budget_controller: BudgetController | str = "bastion",
+        verifier: Verifier | str = "exact",
+        latency_model: LatencyModel | str = "roofline",
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_nodes: int = 64,
+        tokenizer: Any = None,
+        attn_implementation: str = "sdpa",
+        component_options: Mapping[str, Mapping[str, Any]] | None = None,
+        registry: Registry | None = None,
+    ) -> "Pipeline":
+        """Load a target (local dir or hub id) and a drafter (a registered drafter name, a DFlash
+        checkpoint dir or hub id, or an instance), then assemble the pipeline."""
+        from bastion.core.hf_target import HFTarget
+
+        reg = registry or default_registry
+        if not isinstance(target, Target):
+            target_path = str(target)
+            target = HFTarget.from_pretrained(target_path, device=device, dtype=dtype, attn_implementation=attn_implementation)
+            if tokenizer is None:
+                tokenizer = _try_tokenizer(target_path)
+        if isinstance(drafter, (str, Path)) and not isinstance(drafter, Drafter):
+            name = str(drafter)
+            if name in reg.names("drafter"):
+                drafter = reg.create("drafter", name, **dict((component_options or {}).get("drafter", {})))
+            else:
+                drafter = reg.create("drafter", "dflash", checkpoint=name, device=device, dtype=dtype)
+        return cls(
+            target,
+            drafter,
+            tree_builder,
+            budget_controller,
+            latency_model,
+            verifier,
+            max_nodes=max_nodes,
+            tokenizer=tokenizer,
+            component_options={k: v for k, v in (component_options or {}).items() if k != "drafter"},
+            registry=reg,
+        )
+
+    @classmethod
+    def demo(cls, **kwargs: Any) -> "Pipeline":
+        """The embedded trained demo pair (target + DFlash drafter + tokenizer) as a pipeline."""
+        from bastion.demo import demo_paths
+
+        paths = demo_paths()
+        return cls.from_pretrained(paths.target, paths.drafter, **kwargs)
+
+    # ------------------------------------------------------------------ inspection
+    def draft(self, input_ids: torch.Tensor) -> Marginals:
+        """The marginals the drafter proposes right after prefilling ``input_ids`` [1, L], rooted at the
+        target's greedy next token."""
+        ids = self._check_prompt(input_ids)
+        self.target.reset()
+        self.drafter.reset()
+        pre = self.target.prefill(ids, self.drafter.feature_layers)
+        root = int(pre.logits[-1].argmax())
+        self.drafter.begin(DraftContext(tokens=ids[0], features=pre.features))
+        return self.drafter.propose(DraftStep(root_token=root, context_len=self.target.context_len, temperature=1.0))
+
+    # ------------------------------------------------------------------ decoding
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        *,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_on_eos: bool = True,
+    ) -> GenerationResult:
+        """Decode up to ``max_new_tokens`` new tokens after ``input_ids`` [1, L]; lossless w.r.t. the
+        target's own greedy decoding (temperature 0) or sampling distribution (temperature > 0)."""
+        ids = self._check_prompt(input_ids)
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
+            raise InvalidInputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
+        if not sampling.greedy and not self.verifier.supports_sampling:
+            raise InvalidInputError(f"verifier {type(self.verifier).__name__} supports greedy decoding only")
+        generator = self._generator(sampling, seed)
+        draft_temperature = 1.0 if sampling.greedy else sampling.temperature
+        eos = self.target.eos_token_ids if stop_on_eos else frozenset()
+        layers = self.drafter.feature_layers
+
+        t_start = time.perf_counter()
+        self.target.reset()
+        self.drafter.reset()
+        pre = self.target.prefill(ids, layers)
+        root = int(sample_tokens(pre.logits[-1], sampling, generator))
+        self.drafter.begin(DraftContext(tokens=ids[0], features=pre.features))
+        self._sync()
+        prefill_s = time.perf_counter() - t_start
+
+        out: list[int] = [root]
+        steps: list[StepRecord] = []
+        stop_reason = "eos" if root in eos else "length"
+        while len(out) < max_new_tokens and root not in eos:
+            ctx = self.target.context_len
+            room = self.target.max_positions - ctx - 1  # deepest node position must stay in range
+            if room < 1:
+                break
+            record, verdict = self._step(root, ctx, min(room, max_new_tokens - len(out)), sampling, generator, draft_temperature)
+            emitted = list(verdict.emitted)[: max_new_tokens - len(out)]
+            for i, tok in enumerate(emitted):
+                if tok in eos:
+                    emitted = emitted[: i + 1]
+                    stop_reason = "eos"
+                    break
+            out.extend(emitted)
+            steps.append(record if len(emitted) == record.emitted else _with_emitted(record, len(emitted)))
+            root = verdict.bonus_token
+            if stop_reason == "eos":
+                break
+        self._sync()
+        return GenerationResult(
+            tokens=out[:max_new_tokens],
+            steps=tuple(steps),
+            prompt_len=int(ids.shape[1]),
+            prefill_s=prefill_s,
+            wall_s=time.perf_counter() - t_start,
+            stop_reason=stop_reason if len(out) < max_new_tokens or stop_reason == "eos" else "length",
+        )
+
+    def _step(
+        self,
+        root: int,
+        ctx: int,
+        max_depth: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        draft_temperature: float,
+    ) -> tuple[StepRecord, Any]:
+        layers = self.drafter.feature_layers
+        t0 = time.perf_counter()
+        marginals = self.drafter.propose(DraftStep(root_token=root, context_len=ctx, temperature=draft_temperature))
+        if marginals.depth > max_depth:  # never draft past the position limit or the token budget
+            marginals = Marginals(marginals.log_probs[:max_depth])
+        t1 = time.perf_counter()
+        tree = self.tree_builder.build(marginals, root_token=root, max_nodes=self.max_nodes)
+        if self.validate_trees:
+            _validate_built(tree, root, self.target.vocab_size)
+        t2 = time.perf_counter()
+        self.budget_controller.last_decision = None
+        n = self.budget_controller.choose(tree.log_scores, ctx, self.latency_model, self._overhead_s)
+        if not isinstance(n, int) or not 1 <= n <= len(tree):
+            raise InvalidInputError(
+                f"budget controller {type(self.budget_controller).__name__} returned {n!r}; need 1 <= n <= {len(tree)}"
+            )
+        tree = tree.truncate(n)
+        decision = self.budget_controller.last_decision
+        t3 = time.perf_counter()
+        out = self.target.forward_tree(tree, layers)
+        self._sync()
+        t4 = time.perf_counter()
+        verdict = self.verifier.verify(tree, out.logits, sampling, generator)
+        t5 = time.perf_counter()
+        nodes = verdict.accepted_nodes
+        self.target.commit(nodes)
+        self.drafter.commit(tree.tokens[nodes], None if out.features is None else out.features[nodes])
+        self._sync()
+        t6 = time.perf_counter()
+        self.latency_model.observe(n, ctx, t4 - t3)
+        non_verify = (t3 - t0) + (t6 - t4)
+        self._overhead_s = non_verify if not self._overhead_s else (
+            (1 - _OVERHEAD_EMA) * self._overhead_s + _OVERHEAD_EMA * non_verify
+        )
+        t7 = time.perf_counter()
+        record = StepRecord(
+            budget=n,
+            accepted=verdict.num_accepted,
+            emitted=verdict.num_accepted + 1,
+            context_len=ctx,
+            predicted_accept=tree.accept_score(),
+            predicted_speedup=None if decision is None else decision.predicted_speedup,
+            timings=StageTimings(
+                draft=t1 - t0, tree=t2 - t1, controller=t3 - t2, verify=t4 - t3, accept=t5 - t4, commit=t6 - t5, other=t7 - t6
+            ),
+        )
+        return record, verdict
+
+    # ------------------------------------------------------------------ helpers
+    def _check_prompt(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(input_ids, (list, tuple)):
+            input_ids = torch.tensor([list(input_ids)], dtype=torch.long)
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise InvalidInputError(
+                f"input_ids must be a LongTensor of shape [1, L], got {getattr(input_ids, 'shape', type(input_ids).__name__)}"
+            )
+        if input_ids.shape[1] == 0:
+            raise InvalidInputError("input_ids is empty: the prompt needs at least one token")
+        if input_ids.dtype not in (torch.long, torch.int, torch.int32, torch.int16):
+            raise InvalidInputError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
+        if input_ids.shape[1] >= self.target.max_positions:
+            raise InvalidInputError(
+                f"prompt has {input_ids.shape[1]} tokens; the target accepts at most {self.target.max_positions} "
+                "positions, leaving no room to generate"
+            )
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.target.vocab_size:
+            raise InvalidInputError(f"token ids must lie in [0, {self.target.vocab_size}), found [{lo}, {hi}]")
+        return input_ids.to(device=self.target.device, dtype=torch.long)
+
+    def _generator(self, sampling: SamplingConfig, seed: int | None) -> torch.Generator | None:
+        if sampling.greedy:
+            return None
+        gen = torch.Generator(device=self.target.device)
+        gen.manual_seed(int(seed) if seed is not None else int(torch.seed()))
+        return gen
+
+    def _sync(self) -> None:
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize(self.target.device)
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Tokenize ``text`` with the pipeline's tokenizer -> LongTensor[1, L]."""
+        if self.tokenizer is None:
+            raise InvalidInputError("this pipeline has no tokenizer; pass input_ids instead")
+        return torch.tensor([self.tokenizer.encode(text)], dtype=torch.long)
+
+    def decode(self, tokens: list[int]) -> str:
+        if self.tokenizer is None:
+            raise InvalidInputError("this pipeline has no tokenizer")
+        return self.tokenizer.decode(tokens)
+
+
+def _with_emitted(record: StepRecord, emitted: int) -> StepRecord:
+    import attrs
+
+    return attrs.evolve(record, emitted=emitted)
+
+
+def _validate_built(tree: Tree, root: int, vocab_size: int) -> None:
+    tree.validate(vocab_size=vocab_size)
+    if int(tree.tokens[0]) != root:
+        from bastion.core.errors import TreeValidationError
+
+        raise TreeValidationError(f"root first: node 0 holds token {int(tree.tokens[0])}, expected the root {root}")
+
+
+def _try_tokenizer(path: str) -> Any:
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path)
+    except Exception:  # a target without tokenizer files still decodes token ids
+        return None

@@ -1,0 +1,235 @@
+"""The component registry: (kind, name) -> factory, fed by built-ins and entry-point plugins alike.
+
+Entry points of the ``bastion`` group load lazily, once, on the first query. Set the environment variable
+``BASTION_BLOCK_PLUGINS`` to a comma-separated list of entry-point or distribution names to keep those
+plugins from loading (``*`` blocks every third-party plugin). A plugin that fails to import or register
+is reported with a :class:`PluginLoadError` warning naming it; built-ins and other plugins keep working.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import threading
+import warnings
+from types import ModuleType
+from typing import Any, Callable, Iterable
+
+import attrs
+import pluggy
+
+from bastion.core import hookspecs
+from bastion.core.errors import DuplicateComponentError, PluginLoadError, UnknownComponentError
+from bastion.core.hookspecs import KINDS
+
+__all__ = ["ComponentInfo", "PluginFailure", "Registry", "registry", "BUILTIN_SOURCE", "BLOCK_ENV"]
+
+ENTRY_POINT_GROUP = "bastion"
+BLOCK_ENV = "BASTION_BLOCK_PLUGINS"
+BUILTIN_SOURCE = "builtin"
+
+#: modules holding bastion's own hook implementations, registered exactly like plugins
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "bastion.trees.hooks",
+    "bastion.drafters.hooks",
+    "bastion.controllers.hooks",
+    "bastion.verifiers.hooks",
+)
+
+
+@attrs.frozen
+class ComponentInfo:
+    kind: str
+    name: str
+    factory: Callable[..., Any] | str = attrs.field(eq=False, repr=False)
+    source: str  # "builtin" or the distribution name of the plugin
+    plugin: str  # the module / entry point that registered it
+    description: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "source": self.source,
+            "plugin": self.plugin,
+            "description": self.description,
+        }
+
+
+@attrs.frozen
+class PluginFailure:
+    plugin: str  # entry point name
+    source: str  # distribution name
+    error: str
+
+
+class Registry:
+    """Typed facade over the plugin manager; pipeline code never touches ``pm.hook`` directly."""
+
+    def __init__(self, builtin_plugins: Iterable[str] = BUILTIN_PLUGINS, load_entry_points: bool = True) -> None:
+        self._builtin_plugins = tuple(builtin_plugins)
+        self._load_entry_points = load_entry_points
+        self._components: dict[tuple[str, str], ComponentInfo] = {}
+        self._failures: list[PluginFailure] = []
+        self._blocked: list[str] = []
+        self._loaded = False
+        self._lock = threading.RLock()
+        self.pm = pluggy.PluginManager(hookspecs.NAME)
+        self.pm.add_hookspecs(hookspecs)
+
+    # ---------------------------------------------------------------- public API
+    def kinds(self) -> tuple[str, ...]:
+        return KINDS
+
+    def names(self, kind: str) -> list[str]:
+        self._check_kind(kind)
+        self.load()
+        return sorted(name for (k, name) in self._components if k == kind)
+
+    def info(self, kind: str, name: str) -> ComponentInfo:
+        self._check_kind(kind)
+        self.load()
+        try:
+            return self._components[(kind, name)]
+        except KeyError:
+            known = ", ".join(self.names(kind)) or "none"
+            hint = ""
+            if self._failures:
+                hint = " Plugins that failed to load: " + ", ".join(f"{f.plugin} ({f.source})" for f in self._failures) + "."
+            raise UnknownComponentError(f"no {kind} named {name!r}; registered: {known}.{hint}") from None
+
+    def create(self, kind: str, name: str, **options: Any) -> Any:
+        """Instantiate component ``name`` of ``kind`` with keyword ``options``."""
+        info = self.info(kind, name)
+        factory = _resolve(info.factory)
+        return factory(**options)
+
+    def components(self) -> list[ComponentInfo]:
+        self.load()
+        return sorted(self._components.values(), key=lambda c: (KINDS.index(c.kind), c.name))
+
+    def failures(self) -> list[PluginFailure]:
+        self.load()
+        return list(self._failures)
+
+    def blocked(self) -> list[str]:
+        self.load()
+        return list(self._blocked)
+
+    def register(
+        self,
+        kind: str,
+        name: str,
+        factory: Callable[..., Any] | str,
+        *,
+        description: str = "",
+        source: str = "runtime",
+        plugin: str = "runtime",
+    ) -> None:
+        """Register one component directly (tests, notebooks). Duplicates raise
+        :class:`DuplicateComponentError` naming both sources."""
+        self.load()
+        self._add(ComponentInfo(kind, name, factory, source, plugin, description))
+
+    def register_plugin(self, module: ModuleType | object, *, name: str | None = None, source: str = "runtime") -> None:
+        """Register a hook-implementing object (module or instance) as a plugin and collect its components."""
+        self.load()
+        with self._lock:
+            self._register_plugin(module, name or getattr(module, "__name__", repr(module)), source)
+
+    def check_pending(self) -> None:
+        """Fail on hook implementations that match no hook specification."""
+        self.load()
+        self.pm.check_pending()
+
+    def load(self) -> None:
+        """Load built-ins and entry-point plugins once (idempotent, thread-safe)."""
+        if self._loaded:
+            return
+        with self._lock:
+            if self._loaded:
+                return
+            self._loaded = True
+            for modname in self._builtin_plugins:
+                self._register_plugin(importlib.import_module(modname), modname, BUILTIN_SOURCE)
+            if self._load_entry_points:
+                self._load_plugins()
+
+    # ---------------------------------------------------------------- internals
+    def _check_kind(self, kind: str) -> None:
+        if kind not in KINDS:
+            raise UnknownComponentError(f"unknown component kind {kind!r}; kinds are {', '.join(KINDS)}")
+
+    def _add(self, info: ComponentInfo) -> None:
+        self._check_kind(info.kind)
+        if not isinstance(info.name, str) or not info.name:
+            raise ValueError(f"component names must be non-empty strings, got {info.name!r}")
+        key = (info.kind, info.name)
+        if key in self._components:
+            prev = self._components[key]
+            raise DuplicateComponentError(
+                f"{info.kind} {info.name!r} is registered twice: by {prev.source} ({prev.plugin}) "
+                f"and by {info.source} ({info.plugin})"
+            )
+        self._components[key] = info
+
+    def _register_plugin(self, plugin: object, name: str, source: str) -> None:
+        self.pm.register(plugin, name=name)
+        for impl in self.pm.hook.bastion_register_components.get_hookimpls():
+            if impl.plugin is not plugin:
+                continue
+
+            def register(
+                kind: str, cname: str, factory: Callable[..., Any] | str, *, description: str = ""
+            ) -> None:
+                self._add(ComponentInfo(kind, cname, factory, source, name, description))
+
+            impl.function(register=register)
+
+    def _load_plugins(self) -> None:
+        blocked = {b.strip() for b in os.environ.get(BLOCK_ENV, "").split(",") if b.strip()}
+        for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = ep.dist.name if ep.dist is not None else "unknown distribution"
+            if "*" in blocked or ep.name in blocked or dist in blocked:
+                self._blocked.append(ep.name)
+                continue
+            if self.pm.has_plugin(ep.name):
+                continue
+            snapshot = dict(self._components)
+            try:
+                module = ep.load()
+                self._register_plugin(module, ep.name, dist)
+            except Exception as exc:  # a broken plugin must not take the built-ins down
+                self._components = snapshot  # roll back whatever it registered before failing
+                if self.pm.has_plugin(ep.name):
+                    self.pm.unregister(name=ep.name)
+                msg = f"{type(exc).__name__}: {exc}"
+                self._failures.append(PluginFailure(ep.name, dist, msg))
+                warnings.warn(
+                    PluginLoadWarning(
+                        f"bastion plugin {ep.name!r} from {dist!r} failed to load and was skipped: {msg} "
+                        f"(set {BLOCK_ENV}={ep.name} to silence this)"
+                    ),
+                    stacklevel=3,
+                )
+
+
+class PluginLoadWarning(UserWarning):
+    """Warning category for plugins that failed to load (see :class:`PluginLoadError`)."""
+
+
+def _resolve(factory: Callable[..., Any] | str) -> Callable[..., Any]:
+    if callable(factory):
+        return factory
+    module_name, _, attr = factory.partition(":")
+    if not attr:
+        raise PluginLoadError(f"lazy factory {factory!r} must look like 'package.module:attribute'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+#: the process-wide default registry (``bastion.registry``)
+registry = Registry()

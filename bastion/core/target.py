@@ -1,0 +1,85 @@
+"""The target-model interface the pipeline and drafters depend on.
+
+The built-in implementation for Hugging Face causal LMs is :class:`bastion.core.hf_target.HFTarget`.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import torch
+
+from bastion.core.tree import Tree
+from bastion.core.types import TargetOutput
+
+__all__ = ["Target"]
+
+
+class Target(abc.ABC):
+    """A verifying model with its own KV cache of committed tokens."""
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def config(self) -> Any:
+        """The model config (HF ``PretrainedConfig`` for HF targets); read by latency models."""
+
+    @property
+    @abc.abstractmethod
+    def device(self) -> torch.device: ...
+
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    @abc.abstractmethod
+    def max_positions(self) -> int:
+        """Longest sequence (committed + tree) the model accepts."""
+
+    @property
+    @abc.abstractmethod
+    def eos_token_ids(self) -> frozenset[int]: ...
+
+    @property
+    @abc.abstractmethod
+    def context_len(self) -> int:
+        """Tokens committed to the KV cache."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Drop the KV cache."""
+
+    @abc.abstractmethod
+    def prefill(self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> TargetOutput:
+        """Run ``input_ids`` [1, L] into a fresh cache. Returns logits [L, V] and features [L, F]."""
+
+    @abc.abstractmethod
+    def forward_tree(self, tree: Tree, feature_layers: tuple[int, ...] = ()) -> TargetOutput:
+        """One forward over all tree nodes at positions ``context_len + depth`` with an ancestor-only
+        mask. Returns logits [n, V] and features [n, F]. The cache temporarily holds all n nodes until
+        :meth:`commit`."""
+
+    @abc.abstractmethod
+    def commit(self, accepted_nodes: torch.Tensor) -> None:
+        """Keep the cache entries of ``accepted_nodes`` [m] (root first) and drop the other tree nodes."""
+
+    @abc.abstractmethod
+    def input_embeddings(self) -> torch.nn.Module:
+        """The token embedding module (drafters that share it borrow it)."""
+
+    @abc.abstractmethod
+    def output_head(self) -> torch.nn.Module:
+        """The lm head mapping final hidden states to logits."""
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)

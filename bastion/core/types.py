@@ -1,0 +1,225 @@
+"""Core value types that travel between the five pipeline stages.
+
+All are ``attrs`` frozen classes. Tensor fields use ``eq=False`` so that equality stays cheap and
+well-defined; compare tensors explicitly where it matters.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import attrs
+import torch
+from attrs import field, frozen
+
+from bastion.core.errors import InvalidInputError
+
+__all__ = [
+    "Marginals",
+    "SamplingConfig",
+    "DraftContext",
+    "DraftStep",
+    "TargetOutput",
+    "Verdict",
+    "StageTimings",
+    "StepRecord",
+    "GenerationResult",
+]
+
+
+@frozen
+class Marginals:
+    """Position-wise draft distributions for depths 1..K.
+
+    ``log_probs[k - 1]`` is log q_k(.), normalized over the vocabulary, for the token at depth k below
+    the root. Positions are treated as independent given the context.
+    """
+
+    log_probs: torch.Tensor = field(eq=False)  # [K, V] float, log-softmax per row
+
+    def __attrs_post_init__(self) -> None:
+        lp = self.log_probs
+        if not isinstance(lp, torch.Tensor) or lp.dim() != 2:
+            raise InvalidInputError(
+                f"Marginals.log_probs must be a 2-D tensor [K, V], got "
+                f"{getattr(lp, 'shape', type(lp).__name__)}"
+            )
+        if lp.shape[0] < 1:
+            raise InvalidInputError("Marginals need at least one depth (K >= 1), got K = 0")
+        if lp.shape[1] < 1:
+            raise InvalidInputError("Marginals need a non-empty vocabulary (V >= 1)")
+        if not lp.is_floating_point():
+            raise InvalidInputError(f"Marginals.log_probs must be floating point, got {lp.dtype}")
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor, temperature: float = 1.0) -> "Marginals":
+        """Normalize raw logits ``[K, V]`` into per-depth log-probabilities.
+
+        ``temperature`` divides the logits first (it must be > 0; a greedy pipeline uses 1.0).
+        NaN or infinite logits are rejected with :class:`InvalidInputError` (``-inf`` entries are
+        allowed as long as every row keeps at least one finite value: they mark banned tokens).
+        """
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+            raise InvalidInputError(
+                f"logits must be a 2-D tensor [K, V], got {getattr(logits, 'shape', type(logits).__name__)}"
+            )
+        if logits.shape[0] < 1:
+            raise InvalidInputError("logits need at least one depth (K >= 1), got K = 0")
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+            raise InvalidInputError(f"temperature must be a finite number > 0, got {temperature!r}")
+        x = logits.float()
+        if bool(torch.isnan(x).any()) or bool(torch.isposinf(x).any()):
+            raise InvalidInputError("logits contain NaN or +inf values")
+        if bool(torch.isneginf(x).all(dim=-1).any()):
+            raise InvalidInputError("a row of logits is entirely -inf (no token is possible at that depth)")
+        if temperature != 1.0:
+            x = x / temperature
+        return cls(torch.log_softmax(x, dim=-1))
+
+    @property
+    def depth(self) -> int:
+        """K, the number of drafted positions."""
+        return int(self.log_probs.shape[0])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.log_probs.shape[1])
+
+    def probs(self) -> torch.Tensor:  # [K, V]
+        return self.log_probs.exp()
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute, value: float) -> None:
+    if not (value >= 0):
+        raise InvalidInputError(f"{attribute.name} must be >= 0, got {value!r}")
+
+
+@frozen
+class SamplingConfig:
+    """How the target's next-token distribution is turned into a sample.
+
+    ``temperature == 0`` means greedy (argmax). ``top_k == 0`` and ``top_p == 1.0`` disable those filters.
+    """
+
+    temperature: float = field(default=0.0, converter=float, validator=_non_negative)
+    top_p: float = field(default=1.0, converter=float)
+    top_k: int = field(default=0, converter=int, validator=_non_negative)
+
+    @top_p.validator
+    def _check_top_p(self, _attribute: attrs.Attribute, value: float) -> None:
+        if not (0.0 < value <= 1.0):
+            raise InvalidInputError(f"top_p must be in (0, 1], got {value!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@frozen
+class DraftContext:
+    """What a drafter receives once per generation, right after the target's prefill."""
+
+    tokens: torch.Tensor = field(eq=False)  # [L] long, the prompt (all committed to the target cache)
+    features: torch.Tensor | None = field(eq=False)  # [L, F] target features at those positions, or None
+
+
+@frozen
+class DraftStep:
+    """Per-step request to a drafter: the root token and the sampling temperature of the pipeline."""
+
+    root_token: int
+    context_len: int  # tokens committed so far (the root sits at this position)
+    temperature: float = 1.0  # the marginals' temperature (1.0 for greedy pipelines)
+
+
+@frozen
+class TargetOutput:
+    """Target forward result for a set of positions (prefill tokens or tree nodes)."""
+
+    logits: torch.Tensor = field(eq=False)  # [n, V]
+    features: torch.Tensor | None = field(default=None, eq=False)  # [n, F] concatenated layer outputs
+
+
+@frozen
+class Verdict:
+    """What the verifier decided for one tree.
+
+    ``accepted_nodes`` are node indices on the accepted root-to-leaf path, root (0) first; their
+    tokens are now committed to the context. ``bonus_token`` is the target's own next token after the
+    path (correction or bonus); it becomes the next root.
+    """
+
+    accepted_nodes: torch.Tensor = field(eq=False)  # [m] long, m = accepted + 1 (root included)
+    accepted_tokens: tuple[int, ...] = field(converter=tuple)  # drafted tokens accepted (root excluded)
+    bonus_token: int = field(converter=int)
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.accepted_tokens)
+
+    @property
+    def emitted(self) -> tuple[int, ...]:
+        """The new tokens this step emits: accepted drafted tokens, then the bonus token."""
+        return (*self.accepted_tokens, self.bonus_token)
+
+
+@frozen
+class StageTimings:
+    """Wall seconds spent in each stage of one decode step."""
+
+    draft: float = 0.0
+    tree: float = 0.0
+    controller: float = 0.0
+    verify: float = 0.0  # target forward over the tree
+    accept: float = 0.0  # verifier walk
+    commit: float = 0.0  # KV compaction in target and drafter
+    other: float = 0.0  # bookkeeping, latency-model update, emission
+
+    @property
+    def total(self) -> float:
+        return self.draft + self.tree + self.controller + self.verify + self.accept + self.commit + self.other
+
+    def as_dict(self) -> dict[str, float]:
+        return attrs.asdict(self)
+
+
+@frozen
+class StepRecord:
+    """One decode step, as recorded by the pipeline."""
+
+    budget: int  # nodes verified, root included
+    accepted: int  # drafted tokens accepted (bonus excluded)
+    emitted: int  # tokens this step added to the output (accepted + 1, less if truncated by EOS/limit)
+    context_len: int  # committed tokens before the step
+    predicted_accept: float  # A_hat(T_n) = sum of rho over the verified tree (root included)
+    predicted_speedup: float | None  # the controller's S(n) estimate, when it provides one
+    timings: StageTimings
+
+
+@frozen
+class GenerationResult:
+    """Result of :meth:`bastion.Pipeline.generate`."""
+
+    tokens: list[int]  # new tokens only
+    steps: tuple[StepRecord, ...] = field(converter=tuple)
+    prompt_len: int
+    prefill_s: float
+    wall_s: float
+    stop_reason: Literal["eos", "length"]
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens committed per decode step (accepted drafted tokens + 1)."""
+        if not self.steps:
+            return 0.0
+        return sum(s.accepted + 1 for s in self.steps) / len(self.steps)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def mean_budget(self) -> float:
+        return sum(s.budget for s in self.steps) / len(self.steps) if self.steps else 0.0
+
