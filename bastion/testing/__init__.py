@@ -1,0 +1,1 @@
+"""Helpers for testing bastion components (tiny models, contract kit for plugin authors)."""
