@@ -106,6 +106,10 @@ class Tree:
                 out[p].append(i)
         return out
 
+    def accept_curve(self) -> torch.Tensor:
+        """DoubleTensor[n]: ``curve[m - 1]`` = A_hat of the first ``m`` nodes (cumulative sum of rho)."""
+        return self.log_scores.double().exp().cumsum(0)  # [n]
+
     def accept_score(self) -> float:
         """A_hat(T) = sum of rho over the nodes (root included, so >= 1)."""
         return float(self.log_scores.double().exp().sum().item())

@@ -1,0 +1,126 @@
+"""Shared pieces of the built-in tree builders: argument checks, per-depth top-k candidates, assembly.
+
+Every built-in builder works in two phases:
+
+1. **Candidates (device).** One ``torch.topk`` over the first ``D`` rows of the marginals gives, per
+   depth, the ``k`` most likely tokens and their log-probabilities, sorted. Because draft positions are
+   independent given the context, these are the only tokens any optimal tree can use at that depth.
+   The two ``[D, k]`` results travel to the host in ONE transfer.
+2. **Selection (host).** Plain Python floats and ints decide the tree shape (a heap for best-first, a
+   sort for static and beam trees); the result is packed into a :class:`~bastion.core.tree.Tree` on the
+   marginals' device.
+
+Zero-probability candidates (log-probability ``-inf``, e.g. banned tokens) never become nodes.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Sequence
+
+import torch
+
+from bastion.core.errors import InvalidInputError
+from bastion.core.tree import Tree
+from bastion.core.types import Marginals
+
+__all__ = ["Candidates", "check_build_args", "check_optional_positive", "top_candidates", "make_tree"]
+
+#: log-probabilities above this are rejected as "not normalized" (rounding may leave a hair above 0)
+_POSITIVE_TOLERANCE = 1e-3
+
+NEG_INF = -math.inf
+
+
+class Candidates:
+    """Per-depth top-k candidates on the host: ``values[d][r]`` is the log-probability of the rank-``r``
+    token ``tokens[d][r]`` at depth ``d + 1`` (ranks sorted by decreasing probability)."""
+
+    __slots__ = ("values", "tokens")
+
+    def __init__(self, values: list[list[float]], tokens: list[list[int]]) -> None:
+        self.values = values
+        self.tokens = tokens
+
+    @property
+    def depth(self) -> int:
+        return len(self.values)
+
+    @property
+    def width(self) -> int:
+        return len(self.values[0]) if self.values else 0
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise InvalidInputError(f"{name} must be an int, got a bool")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidInputError(f"{name} must be an int, got {type(value).__name__}") from None
+
+
+def check_optional_positive(name: str, value: object) -> int | None:
+    """Validate a builder option that is either ``None`` (no limit) or an int >= 1."""
+    if value is None:
+        return None
+    out = _as_int(name, value)
+    if out < 1:
+        raise InvalidInputError(f"{name} must be an int >= 1 or None, got {out}")
+    return out
+
+
+def check_build_args(marginals: object, root_token: object, max_nodes: object) -> tuple[int, int]:
+    """Validate the arguments of ``TreeBuilder.build``; return ``(root_token, max_nodes)`` as ints."""
+    if not isinstance(marginals, Marginals):
+        raise InvalidInputError(f"marginals must be a bastion.core.Marginals, got {type(marginals).__name__}")
+    n = _as_int("max_nodes", max_nodes)
+    if n < 1:
+        raise InvalidInputError(f"max_nodes must be an int >= 1 (the root counts as one node), got {n}")
+    root = _as_int("root_token", root_token)
+    if not 0 <= root < marginals.vocab_size:
+        raise InvalidInputError(f"root_token {root} is outside the vocabulary [0, {marginals.vocab_size})")
+    return root, n
+
+
+def top_candidates(log_probs: torch.Tensor, depth: int, k: int) -> Candidates:
+    """Top-``k`` tokens of each of the first ``depth`` rows of ``log_probs`` [K, V], moved to the host in
+    one transfer. ``k`` is clamped to ``V``. Raises :class:`InvalidInputError` on NaN or positive
+    log-probabilities (the marginals were not normalized)."""
+    if depth < 1 or k < 1:
+        return Candidates([], [])
+    k = min(k, int(log_probs.shape[1]))
+    vals, idx = torch.topk(log_probs[:depth], k, dim=-1, sorted=True)  # [D, k], [D, k]
+    # one device -> host copy; token ids < 2**53 are exact in float64
+    packed = torch.stack((vals.to(torch.float64), idx.to(torch.float64))).tolist()  # [2][D][k]
+    values: list[list[float]] = packed[0]
+    tokens = [[int(t) for t in row] for row in packed[1]]
+    for d, row in enumerate(values):
+        top = row[0]  # topk sorts NaN first, so the row maximum reveals NaN and +inf anywhere in the row
+        if top != top:
+            raise InvalidInputError(f"marginals contain NaN at depth {d + 1}")
+        if top > _POSITIVE_TOLERANCE:
+            raise InvalidInputError(
+                f"marginals are not log-probabilities: depth {d + 1} has a value {top!r} > 0 "
+                "(build them with Marginals.from_logits)"
+            )
+        if top > 0.0:
+            row[0] = 0.0  # rounding hair above zero: keeps child scores <= parent scores
+    return Candidates(values, tokens)
+
+
+def make_tree(
+    tokens: Sequence[int],
+    parents: Sequence[int],
+    depths: Sequence[int],
+    scores: Sequence[float],
+    device: torch.device,
+) -> Tree:
+    """Pack host lists into a :class:`Tree` on ``device`` (tokens/parents/depths long, scores float32)."""
+    return Tree(
+        tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+        parents=torch.tensor(parents, dtype=torch.long, device=device),
+        depths=torch.tensor(depths, dtype=torch.long, device=device),
+        log_scores=torch.tensor(scores, dtype=torch.float32, device=device),
+    )
