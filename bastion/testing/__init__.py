@@ -1,1 +1,21 @@
 """Helpers for testing bastion components (tiny models, contract kit for plugin authors)."""
+
+from bastion.testing.contract import (
+    FixedLatencyModel,
+    check_budget_controller,
+    check_component,
+    check_drafter,
+    check_latency_model,
+    check_tree_builder,
+    check_verifier,
+)
+
+__all__ = [
+    "FixedLatencyModel",
+    "check_budget_controller",
+    "check_component",
+    "check_drafter",
+    "check_latency_model",
+    "check_tree_builder",
+    "check_verifier",
+]

@@ -1,0 +1,583 @@
+"""Contract kit: checks a component author runs against their own drafter, tree builder, latency model,
+budget controller or verifier.
+
+Each ``check_*`` function exercises the interface contract of :mod:`bastion.core.interfaces` (types,
+shapes, value ranges, prefix closure, determinism, errors on bad input, and for verifiers losslessness)
+and raises :class:`AssertionError` with a message naming the component and the broken rule, so the
+functions drop straight into a pytest test::
+
+    from bastion.testing import check_drafter
+
+    def test_my_drafter_honours_the_contract():
+        check_drafter(MyDrafter(vocab_size=256), vocab_size=256)
+
+Everything runs on the CPU with small random inputs drawn from a fixed seed, so a check that passes once
+passes every time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+import torch
+
+from bastion.core.interfaces import BudgetController, Drafter, LatencyModel, TreeBuilder, Verifier
+from bastion.core.sampling import processed_log_probs
+from bastion.core.target import Target
+from bastion.core.tree import Tree
+from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, Verdict
+
+__all__ = [
+    "FixedLatencyModel",
+    "check_budget_controller",
+    "check_component",
+    "check_drafter",
+    "check_latency_model",
+    "check_tree_builder",
+    "check_verifier",
+]
+
+
+class FixedLatencyModel(LatencyModel):
+    """A latency model with a fixed law, ``base_s + per_token_s * n + per_context_s * n * context_len``,
+    for testing budget controllers. :meth:`observe` records the measurement and changes nothing."""
+
+    def __init__(self, base_s: float = 1e-3, per_token_s: float = 2e-5, per_context_s: float = 1e-8) -> None:
+        self.base_s, self.per_token_s, self.per_context_s = base_s, per_token_s, per_context_s
+        self.observed: list[tuple[int, int, float]] = []
+
+    def predict(self, n_tokens: int, context_len: int) -> float:
+        return self.base_s + self.per_token_s * n_tokens + self.per_context_s * n_tokens * context_len
+
+    def observe(self, n_tokens: int, context_len: int, seconds: float) -> None:
+        self.observed.append((n_tokens, context_len, seconds))
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _name(component: object) -> str:
+    return type(component).__name__
+
+
+def _require(ok: bool, component: object, rule: str) -> None:
+    if not ok:
+        raise AssertionError(f"{_name(component)}: {rule}")
+
+
+def _raises(fn: Callable[[], Any]) -> bool:
+    try:
+        fn()
+    except Exception:
+        return True
+    return False
+
+
+def _check_type(component: object, iface: type) -> None:
+    _require(
+        isinstance(component, iface),
+        component,
+        f"must be an instance of bastion.core.{iface.__name__}",
+    )
+
+
+def _random_marginals(gen: torch.Generator, depth: int, vocab: int, allowed: int | None = None) -> Marginals:
+    """Peaked random marginals [depth, vocab]; ``allowed`` keeps only that many tokens per depth."""
+    logits = torch.randn(depth, vocab, generator=gen) * 3.0  # [K, V]
+    if allowed is not None:
+        keep = torch.rand(depth, vocab, generator=gen).argsort(dim=-1)[:, :allowed]  # [K, allowed]
+        banned = torch.full_like(logits, float("-inf"))
+        logits = banned.scatter(1, keep, logits.gather(1, keep))
+    return Marginals.from_logits(logits)
+
+
+# ---------------------------------------------------------------------------------------------- drafter
+def _check_marginals(drafter: Drafter, m: object, vocab: int, where: str) -> torch.Tensor:
+    _require(isinstance(m, Marginals), drafter, f"{where}: propose() must return bastion.core.Marginals, got {type(m).__name__}")
+    assert isinstance(m, Marginals)
+    lp = m.log_probs
+    _require(lp.dim() == 2 and lp.shape[0] >= 1, drafter, f"{where}: marginals must be [K, V] with K >= 1, got {tuple(lp.shape)}")
+    _require(lp.shape[1] == vocab, drafter, f"{where}: marginals cover {lp.shape[1]} tokens, vocab_size is {vocab}")
+    lp = lp.detach().float().cpu()
+    _require(not bool(torch.isnan(lp).any()), drafter, f"{where}: marginals contain NaN")
+    _require(not bool(torch.isposinf(lp).any()), drafter, f"{where}: marginals contain +inf")
+    norm = torch.logsumexp(lp, dim=-1)  # [K]
+    _require(
+        bool(torch.allclose(norm, torch.zeros_like(norm), atol=1e-3)),
+        drafter,
+        f"{where}: every depth must be a normalized log-distribution; logsumexp per depth = {norm.tolist()}",
+    )
+    return lp
+
+
+def check_drafter(
+    drafter: Drafter,
+    vocab_size: int | None = None,
+    *,
+    target: Target | None = None,
+    prompt: Sequence[int] | torch.Tensor | None = None,
+    feature_dim: int | None = None,
+    steps: int = 4,
+    seed: int = 0,
+) -> None:
+    """Check a :class:`~bastion.core.Drafter`.
+
+    Runs ``begin -> (propose, commit) x steps`` twice (with :meth:`reset` in between) and checks: the
+    vocabulary size, ``feature_layers`` type, marginals of shape [K, V] that are normalized with no NaN or
+    +inf, the same marginals on the second run (determinism), valid marginals at temperature 0.5, and an
+    error for a root token outside the vocabulary.
+
+    ``target``: bind the drafter to it and take the prompt's features from its prefill (needed by
+    drafters that borrow target weights). Without a target, a drafter with non-empty ``feature_layers``
+    gets random features of width ``feature_dim``.
+    """
+    _check_type(drafter, Drafter)
+    if target is not None:
+        drafter.bind(target)
+    vocab = drafter.vocab_size
+    _require(isinstance(vocab, int) and vocab >= 1, drafter, f"vocab_size must be a positive int, got {vocab!r}")
+    if vocab_size is not None:
+        _require(vocab == vocab_size, drafter, f"vocab_size is {vocab}, expected {vocab_size}")
+    if target is not None:
+        _require(vocab == target.vocab_size, drafter, f"vocab_size {vocab} differs from the target's {target.vocab_size}")
+    layers = drafter.feature_layers
+    _require(
+        isinstance(layers, tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in layers),
+        drafter,
+        f"feature_layers must be a tuple of ints, got {layers!r}",
+    )
+    gen = torch.Generator().manual_seed(seed)
+    if prompt is None:  # a short repeating pattern, so context-matching drafters have something to find
+        motif = torch.randint(0, vocab, (4,), generator=gen)
+        ids = torch.cat([motif, torch.randint(0, vocab, (3,), generator=gen), motif])  # [11]
+    else:
+        ids = torch.as_tensor(prompt, dtype=torch.long).flatten()
+    if target is not None:
+        target.reset()
+        features = target.prefill(ids[None].to(target.device), layers).features
+        ids = ids.to(target.device)
+    elif layers:
+        _require(
+            feature_dim is not None,
+            drafter,
+            f"needs target features (feature_layers={layers}); pass target= or feature_dim= to check_drafter",
+        )
+        features = torch.randn(ids.shape[0], int(feature_dim), generator=gen)  # [L, F]
+    else:
+        features = None
+    f_dim = None if features is None else int(features.shape[-1])
+    roots = torch.randint(0, vocab, (steps, 2), generator=gen).tolist()  # a root and one accepted token per step
+    step_feats = [None if f_dim is None else torch.randn(2, f_dim, generator=gen) for _ in range(steps)]
+
+    def rollout() -> list[torch.Tensor]:
+        drafter.reset()
+        drafter.begin(DraftContext(tokens=ids, features=features))
+        ctx, seen = int(ids.shape[0]), []
+        for i, (root, nxt) in enumerate(roots):
+            m = drafter.propose(DraftStep(root_token=root, context_len=ctx, temperature=1.0))
+            seen.append(_check_marginals(drafter, m, vocab, f"step {i}"))
+            feats = step_feats[i]
+            if feats is not None and features is not None:
+                feats = feats.to(device=features.device, dtype=features.dtype)
+            drafter.commit(torch.tensor([root, nxt], dtype=torch.long, device=ids.device), feats)
+            ctx += 2
+        return seen
+
+    first, second = rollout(), rollout()
+    for i, (a, b) in enumerate(zip(first, second)):
+        _require(
+            a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5)),
+            drafter,
+            f"propose() is not deterministic: after reset() and the same begin/commit calls, step {i} "
+            "returned different marginals",
+        )
+    drafter.reset()
+    drafter.begin(DraftContext(tokens=ids, features=features))
+    cold = drafter.propose(DraftStep(root_token=roots[0][0], context_len=int(ids.shape[0]), temperature=0.5))
+    _check_marginals(drafter, cold, vocab, "temperature 0.5")
+    _require(
+        _raises(lambda: drafter.propose(DraftStep(root_token=vocab, context_len=int(ids.shape[0]), temperature=1.0))),
+        drafter,
+        f"propose() must raise for a root token outside the vocabulary (root_token={vocab})",
+    )
+    drafter.reset()
+
+
+# ---------------------------------------------------------------------------------------------- tree builder
+def check_tree_builder(
+    builder: TreeBuilder,
+    *,
+    vocab_size: int = 32,
+    depth: int = 5,
+    budgets: Sequence[int] = (1, 2, 3, 8, 40),
+    best_first: bool = False,
+    seed: int = 0,
+) -> None:
+    """Check a :class:`~bastion.core.TreeBuilder`.
+
+    For random marginals (dense ones, and sparse ones where most tokens are ``-inf``) and each budget:
+    a valid :class:`~bastion.core.Tree` (root first, parents before children so every prefix is
+    prefix-closed, distinct siblings, tokens in the vocabulary, finite log scores), the requested root
+    token, at most ``max_nodes`` nodes, depth at most K, ``log_scores`` equal to the sum of the path's
+    log-probabilities, the same tree when built twice, and an error for ``max_nodes=0``.
+
+    ``best_first=True`` also checks the best-first property: scores never increase along the node order
+    and a smaller budget's tree is exactly the first nodes of a larger budget's tree.
+    """
+    _check_type(builder, TreeBuilder)
+    gen = torch.Generator().manual_seed(seed)
+    cases = [
+        ("dense", _random_marginals(gen, depth, vocab_size)),
+        ("sparse", _random_marginals(gen, 2, vocab_size, allowed=2)),  # at most 1 + 2 + 4 = 7 nodes exist
+        ("single depth", _random_marginals(gen, 1, vocab_size)),
+    ]
+    for label, m in cases:
+        root = int(torch.randint(0, vocab_size, (1,), generator=gen))
+        trees: list[Tree] = []
+        for b in budgets:
+            where = f"{label} marginals [K={m.depth}], max_nodes={b}"
+            tree = builder.build(m, root_token=root, max_nodes=b)
+            _check_tree(builder, tree, m, root, b, vocab_size, where)
+            again = builder.build(m, root_token=root, max_nodes=b)
+            _require(
+                len(again) == len(tree)
+                and torch.equal(again.tokens, tree.tokens)
+                and torch.equal(again.parents, tree.parents),
+                builder,
+                f"{where}: build() is not deterministic (two calls returned different trees)",
+            )
+            trees.append(tree)
+        if best_first:
+            _check_best_first(builder, trees, budgets, label)
+    _require(
+        _raises(lambda: builder.build(cases[0][1], root_token=0, max_nodes=0)),
+        builder,
+        "build() must raise for max_nodes=0 (a tree has at least its root)",
+    )
+
+
+def _check_tree(builder: TreeBuilder, tree: object, m: Marginals, root: int, budget: int, vocab: int, where: str) -> None:
+    _require(isinstance(tree, Tree), builder, f"{where}: build() must return bastion.core.Tree, got {type(tree).__name__}")
+    assert isinstance(tree, Tree)
+    try:
+        tree.validate(vocab_size=vocab)
+    except Exception as exc:
+        raise AssertionError(f"{_name(builder)}: {where}: invalid tree: {exc}") from exc
+    _require(int(tree.tokens[0]) == root, builder, f"{where}: node 0 must be the root token {root}, got {int(tree.tokens[0])}")
+    _require(1 <= len(tree) <= budget, builder, f"{where}: tree has {len(tree)} nodes, allowed 1..{budget}")
+    _require(tree.max_depth <= m.depth, builder, f"{where}: tree depth {tree.max_depth} exceeds the K={m.depth} marginals")
+    lp = m.log_probs.double()  # [K, V]
+    parents, depths, tokens = tree.parents.tolist(), tree.depths.tolist(), tree.tokens.tolist()
+    expected = [0.0] * len(tree)
+    for i in range(1, len(tree)):
+        expected[i] = expected[parents[i]] + float(lp[depths[i] - 1, tokens[i]])
+    got = tree.log_scores.double().cpu()
+    _require(
+        bool(torch.allclose(got, torch.tensor(expected, dtype=torch.float64), atol=1e-4, rtol=1e-4)),
+        builder,
+        f"{where}: log_scores must be log rho, the sum of log q_k along each node's path (root 0.0)",
+    )
+
+
+def _check_best_first(builder: TreeBuilder, trees: list[Tree], budgets: Sequence[int], label: str) -> None:
+    for b, tree in zip(budgets, trees):
+        s = tree.log_scores[1:]
+        _require(
+            bool((s[1:] <= s[:-1] + 1e-6).all()) if s.numel() > 1 else True,
+            builder,
+            f"{label} marginals, max_nodes={b}: best-first trees list nodes in non-increasing score order",
+        )
+    big = trees[-1]
+    for b, tree in zip(budgets, trees):
+        n = len(tree)
+        _require(
+            n <= len(big) and torch.equal(big.tokens[:n], tree.tokens) and torch.equal(big.parents[:n], tree.parents),
+            builder,
+            f"{label} marginals: the max_nodes={b} tree must be the first {n} nodes of the max_nodes={budgets[-1]} tree",
+        )
+
+
+# ---------------------------------------------------------------------------------------------- latency model
+def check_latency_model(
+    model: LatencyModel,
+    *,
+    n_tokens: Sequence[int] = (1, 2, 8, 32, 128),
+    context_lens: Sequence[int] = (1, 64, 1024),
+    monotone: bool = True,
+    calibration: bool = False,
+) -> None:
+    """Check a :class:`~bastion.core.LatencyModel`.
+
+    Predictions are finite, positive floats; ``predict_many`` agrees with ``predict``; with
+    ``monotone`` predictions never decrease as the tree grows; after :meth:`observe` has been fed
+    measurements from a linear law, predictions stay finite, positive (and monotone); a NaN measurement
+    is rejected with an error or ignored, never allowed to poison later predictions. With
+    ``calibration`` the predictions must also land within a factor of 2 of the law it observed.
+    """
+    _check_type(model, LatencyModel)
+
+    def sweep(stage: str) -> None:
+        for c in context_lens:
+            prev = None
+            for n in n_tokens:
+                t = model.predict(n, c)
+                _require(
+                    isinstance(t, (int, float)) and not isinstance(t, bool),
+                    model,
+                    f"{stage}: predict({n}, {c}) must return a float, got {type(t).__name__}",
+                )
+                _require(math.isfinite(t) and t > 0, model, f"{stage}: predict({n}, {c}) = {t!r}; need a finite value > 0")
+                if monotone and prev is not None:
+                    _require(t >= prev * (1 - 1e-9), model, f"{stage}: predict() decreases from {prev!r} to {t!r} as n grows to {n} (context {c})")
+                prev = t
+            many = model.predict_many(torch.tensor(list(n_tokens), dtype=torch.long), c)
+            _require(
+                isinstance(many, torch.Tensor) and tuple(many.shape) == (len(n_tokens),),
+                model,
+                f"{stage}: predict_many() must return a tensor [N], got {getattr(many, 'shape', type(many).__name__)}",
+            )
+            single = torch.tensor([model.predict(n, c) for n in n_tokens], dtype=torch.float64)
+            _require(
+                bool(torch.allclose(many.double().cpu(), single, rtol=1e-5, atol=1e-12)),
+                model,
+                f"{stage}: predict_many() disagrees with predict() at context {c}",
+            )
+
+    sweep("before observe")
+
+    def law(n: int, c: int) -> float:
+        return 2e-3 + 3e-5 * n + 1e-8 * n * c
+
+    for _ in range(8):
+        for n in n_tokens:
+            for c in context_lens:
+                model.observe(n, c, law(n, c))
+    sweep("after observe")
+    if calibration:
+        for n in n_tokens:
+            for c in context_lens:
+                t, want = model.predict(n, c), law(n, c)
+                _require(
+                    want / 2 <= t <= want * 2,
+                    model,
+                    f"calibration: after observing {want:.3g}s at (n={n}, context={c}) it predicts {t:.3g}s",
+                )
+    try:
+        model.observe(n_tokens[0], context_lens[0], float("nan"))
+    except Exception:
+        pass
+    t = model.predict(n_tokens[0], context_lens[0])
+    _require(math.isfinite(t) and t > 0, model, f"a NaN measurement poisoned predict(): got {t!r}")
+
+
+# ---------------------------------------------------------------------------------------------- budget controller
+def check_budget_controller(
+    controller: BudgetController,
+    latency: LatencyModel | None = None,
+    *,
+    sizes: Sequence[int] = (1, 2, 5, 64, 300),
+    context_lens: Sequence[int] = (1, 200, 4000),
+    overheads: Sequence[float] = (0.0, 1e-3, 0.05),
+    deterministic: bool = True,
+    seed: int = 0,
+) -> None:
+    """Check a :class:`~bastion.core.BudgetController`.
+
+    For best-first score vectors (non-increasing log rho, root 0.0) of several sizes, context lengths
+    and overheads: ``choose`` returns an ``int`` n with 1 <= n <= n_max, leaves ``log_scores`` untouched,
+    sets ``last_decision`` consistently when it sets it, returns the same n for the same inputs (unless
+    ``deterministic=False``), and raises for an empty score vector. ``latency`` defaults to
+    :class:`FixedLatencyModel`.
+    """
+    _check_type(controller, BudgetController)
+    latency = latency or FixedLatencyModel()
+    gen = torch.Generator().manual_seed(seed)
+    for n_max in sizes:
+        steps = torch.rand(n_max - 1, generator=gen) * 2.0  # per-node drop in log rho
+        scores = torch.cat([torch.zeros(1), -torch.cumsum(steps, 0)])  # [n_max], root 0.0, non-increasing
+        for c in context_lens:
+            for ov in overheads:
+                where = f"n_max={n_max}, context_len={c}, overhead_s={ov}"
+                before = scores.clone()
+                controller.last_decision = None
+                n = controller.choose(scores, c, latency, ov)
+                _require(
+                    isinstance(n, int) and not isinstance(n, bool),
+                    controller,
+                    f"{where}: choose() must return a Python int, got {type(n).__name__}",
+                )
+                _require(1 <= n <= n_max, controller, f"{where}: choose() returned {n}; need 1 <= n <= {n_max}")
+                _require(torch.equal(scores, before), controller, f"{where}: choose() modified log_scores in place")
+                decision = controller.last_decision
+                if decision is not None:
+                    _require(decision.n == n, controller, f"{where}: last_decision.n={decision.n} but choose() returned {n}")
+                    s = decision.predicted_speedup
+                    _require(
+                        s is None or (isinstance(s, (int, float)) and math.isfinite(s)),
+                        controller,
+                        f"{where}: last_decision.predicted_speedup must be None or finite, got {s!r}",
+                    )
+                if deterministic:
+                    again = controller.choose(scores, c, latency, ov)
+                    _require(again == n, controller, f"{where}: choose() returned {n} then {again} for the same inputs")
+    _require(
+        _raises(lambda: controller.choose(torch.zeros(0), 1, latency, 0.0)),
+        controller,
+        "choose() must raise for empty log_scores (a tree has at least its root)",
+    )
+
+
+# ---------------------------------------------------------------------------------------------- verifier
+#: the tree used by the verifier checks: root 0 with children 1, 2, 3; grandchildren below 1 and 2
+_V_TOKENS = [0, 1, 2, 3, 1, 4, 5, 2]
+_V_PARENTS = [-1, 0, 0, 0, 1, 1, 2, 4]
+
+
+def _check_verdict(verifier: Verifier, tree: Tree, v: object, vocab: int, where: str) -> list[int]:
+    _require(isinstance(v, Verdict), verifier, f"{where}: verify() must return bastion.core.Verdict, got {type(v).__name__}")
+    assert isinstance(v, Verdict)
+    path = [int(i) for i in v.accepted_nodes.tolist()]
+    _require(len(path) >= 1 and path[0] == 0, verifier, f"{where}: accepted_nodes must start at the root (0), got {path}")
+    parents = tree.parents.tolist()
+    for a, b in zip(path, path[1:]):
+        _require(0 <= b < len(tree) and parents[b] == a, verifier, f"{where}: accepted_nodes {path} is not a root-to-node path")
+    tokens = tree.tokens.tolist()
+    _require(
+        list(v.accepted_tokens) == [tokens[i] for i in path[1:]],
+        verifier,
+        f"{where}: accepted_tokens {list(v.accepted_tokens)} do not match the tokens of accepted_nodes {path}",
+    )
+    _require(0 <= v.bonus_token < vocab, verifier, f"{where}: bonus_token {v.bonus_token} outside [0, {vocab})")
+    return path
+
+
+def check_verifier(
+    verifier: Verifier,
+    *,
+    vocab_size: int = 6,
+    trials: int = 2000,
+    tolerance: float = 0.08,
+    seed: int = 0,
+) -> None:
+    """Check a :class:`~bastion.core.Verifier`.
+
+    Greedy (temperature 0): on a fixed tree with random target logits, the verdict is exactly the
+    greedy walk (follow the child whose token is the target's argmax; the bonus is the argmax where the
+    walk stops), with a well-formed path. Sampling (when ``supports_sampling``): verdicts are well formed,
+    repeat for the same generator seed, never emit a token top-k filtering removed, and are lossless:
+    over ``trials`` draws the joint distribution of the first two emitted tokens must lie within
+    total-variation ``tolerance`` of the target's own. Wrongly shaped logits must raise.
+    """
+    _check_type(verifier, Verifier)
+    _require(vocab_size >= 6, verifier, "check_verifier needs vocab_size >= 6 (its test tree uses tokens 0..5)")
+    tree = Tree.from_parents(_V_TOKENS, _V_PARENTS)
+    n = len(tree)
+    kids = tree.children_lists()
+    tokens = tree.tokens.tolist()
+    gen = torch.Generator().manual_seed(seed)
+    greedy = SamplingConfig(temperature=0.0)
+    for trial in range(24):
+        logits = torch.randn(n, vocab_size, generator=gen)  # [n, V]
+        if trial % 2 == 0:  # make the walk go deep half the time
+            for node in range(n):
+                if kids[node]:
+                    logits[node, tokens[kids[node][trial // 2 % len(kids[node])]]] += 10.0
+        node, want = 0, [0]
+        while True:
+            best = int(logits[node].argmax())
+            nxt = [c for c in kids[node] if tokens[c] == best]
+            if not nxt:
+                break
+            node = nxt[0]
+            want.append(node)
+        where = f"greedy trial {trial}"
+        v = verifier.verify(tree, logits, greedy, None)
+        path = _check_verdict(verifier, tree, v, vocab_size, where)
+        _require(path == want, verifier, f"{where}: accepted path {path}, the target's greedy walk is {want}")
+        bonus = int(logits[want[-1]].argmax())
+        _require(v.bonus_token == bonus, verifier, f"{where}: bonus_token {v.bonus_token}, the target's argmax is {bonus}")
+    _require(
+        _raises(lambda: verifier.verify(tree, torch.randn(n + 1, vocab_size), greedy, None)),
+        verifier,
+        f"verify() must raise when logits have {n + 1} rows for a tree of {n} nodes",
+    )
+    if verifier.supports_sampling:
+        _check_sampling(verifier, tree, vocab_size, trials, tolerance, gen)
+
+
+def _check_sampling(
+    verifier: Verifier, tree: Tree, vocab: int, trials: int, tolerance: float, gen: torch.Generator
+) -> None:
+    n = len(tree)
+    kids = tree.children_lists()
+    tokens = tree.tokens.tolist()
+    logits = torch.randn(n, vocab, generator=gen) * 1.5  # [n, V]
+    for node in range(n):  # give drafted children real probability so acceptance paths get exercised
+        for c in kids[node]:
+            logits[node, tokens[c]] += 1.0
+    sampling = SamplingConfig(temperature=1.0)
+    p = processed_log_probs(logits, sampling).exp().double()  # [n, V]
+    exact: dict[tuple[int, ...], float] = {}
+    for x1 in range(vocab):
+        child = [c for c in kids[0] if tokens[c] == x1]
+        if not child:
+            exact[(x1,)] = float(p[0, x1])
+        else:
+            for x2 in range(vocab):
+                exact[(x1, x2)] = float(p[0, x1] * p[child[0], x2])
+    seen: Counter[tuple[int, ...]] = Counter()
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    for t in range(trials):
+        v = verifier.verify(tree, logits, sampling, g)
+        _check_verdict(verifier, tree, v, vocab, f"sampling trial {t}")
+        seen[tuple(v.emitted[:2])] += 1
+    tv = 0.5 * sum(abs(seen.get(k, 0) / trials - q) for k, q in exact.items())
+    tv += 0.5 * sum(c / trials for k, c in seen.items() if k not in exact)
+    _require(
+        tv <= tolerance,
+        verifier,
+        f"not lossless at temperature 1: the first two emitted tokens are {tv:.3f} (total variation) away from "
+        f"the target's distribution over {trials} draws (allowed {tolerance})",
+    )
+    runs = []
+    for _ in range(2):
+        g2 = torch.Generator().manual_seed(1234)
+        runs.append([verifier.verify(tree, logits, sampling, g2).emitted for _ in range(20)])
+    _require(runs[0] == runs[1], verifier, "sampling verdicts differ for the same generator seed")
+    top2 = SamplingConfig(temperature=1.0, top_k=2)
+    allowed = set(torch.topk(logits[0], 2).indices.tolist())
+    for t in range(50):
+        v = verifier.verify(tree, logits, top2, g)
+        _check_verdict(verifier, tree, v, vocab, f"top_k=2 trial {t}")
+        _require(
+            v.emitted[0] in allowed,
+            verifier,
+            f"top_k=2: emitted token {v.emitted[0]} at the root, outside the target's top-2 {sorted(allowed)}",
+        )
+
+
+# ---------------------------------------------------------------------------------------------- by name
+_CHECKS: dict[str, Callable[..., None]] = {
+    "drafter": check_drafter,
+    "tree_builder": check_tree_builder,
+    "latency_model": check_latency_model,
+    "budget_controller": check_budget_controller,
+    "verifier": check_verifier,
+}
+
+
+def check_component(kind: str, name: str, *, options: dict[str, Any] | None = None, registry: Any = None, **check_kwargs: Any) -> Any:
+    """Create registered component ``name`` of ``kind`` (with ``options``) through the registry, as a
+    pipeline would, and run the matching ``check_*`` on it with ``check_kwargs``. Returns the instance."""
+    if registry is None:
+        from bastion.core.registry import registry as default_registry
+
+        registry = default_registry
+    if kind not in _CHECKS:
+        raise AssertionError(f"unknown component kind {kind!r}; kinds are {', '.join(_CHECKS)}")
+    names = registry.names(kind)
+    if name not in names:
+        raise AssertionError(f"no {kind} named {name!r} is registered; registered: {', '.join(names) or 'none'}")
+    component = registry.create(kind, name, **(options or {}))
+    _CHECKS[kind](component, **check_kwargs)
+    return component
