@@ -212,10 +212,12 @@ class Pipeline:
         stop_reason = "eos" if root in eos else "length"
         while len(out) < max_new_tokens and root not in eos:
             ctx = self.target.context_len
-            room = self.target.max_positions - ctx - 1  # deepest node position must stay in range
-            if room < 1:
+            room = self.target.max_positions - ctx - 1  # deepest node position (ctx + depth) must stay in range
+            if room < 0:
                 break
-            record, verdict = self._step(root, ctx, min(room, max_new_tokens - len(out)), sampling, generator, draft_temperature)
+            # a tree of depth d emits at most d + 1 tokens: never draft deeper than the tokens still wanted
+            max_depth = min(room, max_new_tokens - len(out) - 1)
+            record, verdict = self._step(root, ctx, max_depth, sampling, generator, draft_temperature)
             emitted = list(verdict.emitted)[: max_new_tokens - len(out)]
             for i, tok in enumerate(emitted):
                 if tok in eos:
@@ -248,23 +250,28 @@ class Pipeline:
     ) -> tuple[StepRecord, Any]:
         layers = self.drafter.feature_layers
         t0 = time.perf_counter()
-        marginals = self.drafter.propose(DraftStep(root_token=root, context_len=ctx, temperature=draft_temperature))
-        if marginals.depth > max_depth:  # never draft past the position limit or the token budget
-            marginals = Marginals(marginals.log_probs[:max_depth])
-        t1 = time.perf_counter()
-        tree = self.tree_builder.build(marginals, root_token=root, max_nodes=self.max_nodes)
-        if self.validate_trees:
-            _validate_built(tree, root, self.target.vocab_size)
-        t2 = time.perf_counter()
         self.budget_controller.last_decision = None
-        n = self.budget_controller.choose(tree.log_scores, ctx, self.latency_model, self._overhead_s)
-        if not isinstance(n, int) or not 1 <= n <= len(tree):
-            raise InvalidInputError(
-                f"budget controller {type(self.budget_controller).__name__} returned {n!r}; need 1 <= n <= {len(tree)}"
-            )
-        tree = tree.truncate(n)
+        if max_depth < 1:  # one token left to emit (or no position left to draft into): a plain target step
+            tree = Tree.from_parents([root], [-1])
+            n = 1
+            t1 = t2 = t3 = time.perf_counter()
+        else:
+            marginals = self.drafter.propose(DraftStep(root_token=root, context_len=ctx, temperature=draft_temperature))
+            if marginals.depth > max_depth:  # never draft past the position limit or the token budget
+                marginals = Marginals(marginals.log_probs[:max_depth])
+            t1 = time.perf_counter()
+            tree = self.tree_builder.build(marginals, root_token=root, max_nodes=self.max_nodes)
+            if self.validate_trees:
+                _validate_built(tree, root, self.target.vocab_size)
+            t2 = time.perf_counter()
+            n = self.budget_controller.choose(tree.log_scores, ctx, self.latency_model, self._overhead_s)
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= len(tree):
+                raise InvalidInputError(
+                    f"budget controller {type(self.budget_controller).__name__} returned {n!r}; need 1 <= n <= {len(tree)}"
+                )
+            tree = tree.truncate(n)
+            t3 = time.perf_counter()
         decision = self.budget_controller.last_decision
-        t3 = time.perf_counter()
         out = self.target.forward_tree(tree, layers)
         self._sync()
         t4 = time.perf_counter()

@@ -7,4 +7,9 @@ from bastion.core.hookspecs import Register, hookimpl
 
 @hookimpl
 def bastion_register_components(register: Register) -> None:
-    pass
+    register(
+        "verifier",
+        "exact",
+        "bastion.verifiers.exact:ExactVerifier",
+        description="lossless tree verification: greedy match (T = 0) or sample-and-match (T > 0)",
+    )

@@ -1,0 +1,286 @@
+"""Hugging Face causal LM as a bastion :class:`~bastion.core.target.Target`.
+
+The adapter owns one ``DynamicCache`` of committed tokens. A tree forward appends all ``n`` tree nodes
+to that cache under a 4D attention mask (context fully visible, tree part ancestor-only) with positions
+``context_len + depth``; :meth:`HFTarget.commit` then moves the ``m`` accepted entries into the slots right
+after the context and drops the rest. Only ``m`` entries per layer move, so the commit cost does not grow
+with the context length.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.core.target import Target
+from bastion.core.tree import Tree
+from bastion.core.types import TargetOutput
+
+__all__ = ["HFTarget", "SUPPORTED_ATTENTION"]
+
+#: attention implementations that honour a custom 4D (additive) attention mask
+SUPPORTED_ATTENTION: tuple[str, ...] = ("sdpa", "eager")
+
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def _check_attention(impl: str | None) -> str:
+    impl = impl or "eager"
+    if impl not in SUPPORTED_ATTENTION:
+        raise IncompatibleComponentsError(
+            f"attention implementation {impl!r} cannot take the custom tree attention mask that tree "
+            f"verification needs; use one of {list(SUPPORTED_ATTENTION)} (attn_implementation='sdpa')"
+        )
+    return impl
+
+
+def _as_ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    if isinstance(value, Iterable):
+        return {int(v) for v in value if v is not None}
+    return set()
+
+
+class _LayerTap:
+    """Forward hooks that keep the outputs of the requested decoder layers for one forward call."""
+
+    def __init__(self, layers: torch.nn.ModuleList, layer_ids: tuple[int, ...]) -> None:
+        self.outputs: dict[int, torch.Tensor] = {}
+        self._handles = [layers[i].register_forward_hook(self._hook(i)) for i in sorted(set(layer_ids))]
+
+    def _hook(self, i: int):
+        def keep(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+            self.outputs[i] = output[0] if isinstance(output, tuple) else output  # [1, n, H]
+
+        return keep
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+class HFTarget(Target):
+    """Any ``AutoModelForCausalLM`` (batch size 1) as the verifying target model.
+
+    ``features`` are the concatenation, in the requested order, of Hugging Face ``hidden_states[i + 1]``
+    for each requested layer id ``i`` (the output of decoder layer ``i``; for the last layer, Hugging Face
+    reports the final-norm output, and so does this adapter).
+    """
+
+    def __init__(self, model: Any) -> None:
+        try:
+            import transformers  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - transformers is a hard dependency
+            raise ImportError("HFTarget needs the 'transformers' package") from exc
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+            raise InvalidInputError(f"HFTarget wraps a Hugging Face causal LM, got {type(model).__name__}")
+        self.attn_implementation = _check_attention(getattr(model.config, "_attn_implementation", None))
+        self.model = model.eval()
+        self._base = model.base_model
+        self._layers = getattr(self._base, "layers", None)
+        if not isinstance(self._layers, torch.nn.ModuleList):
+            raise IncompatibleComponentsError(
+                f"{type(model).__name__}: cannot find its decoder layers (expected a ModuleList at .layers)"
+            )
+        cfg = model.config
+        self._max_positions = next((int(getattr(cfg, k)) for k in _POSITION_KEYS if getattr(cfg, k, None)), 0)
+        if self._max_positions < 2:
+            raise IncompatibleComponentsError(f"{type(model).__name__}: the config gives no maximum position count")
+        self._eos = frozenset(_as_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None)) | _as_ids(cfg.eos_token_id))
+        self._vocab = int(model.get_output_embeddings().weight.shape[0])
+        self._cache: Any = None
+        self._ctx = 0  # committed tokens in the cache
+        self._pending = 0  # uncommitted tree nodes at the cache tail
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_id: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        attn_implementation: str = "sdpa",
+        **kwargs: Any,
+    ) -> "HFTarget":
+        """Load a causal LM from a local directory or a hub id (no remote code)."""
+        _check_attention(attn_implementation)
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path_or_id), dtype=dtype, attn_implementation=attn_implementation, **kwargs
+        )
+        return cls(model.to(device))
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_output_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_output_embeddings().weight.dtype
+
+    @property
+    def max_positions(self) -> int:
+        return self._max_positions
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos
+
+    @property
+    def context_len(self) -> int:
+        return self._ctx
+
+    @property
+    def cache(self) -> Any:
+        """The underlying ``DynamicCache`` (read-only use: tests and benchmarks inspect it)."""
+        return self._cache
+
+    def input_embeddings(self) -> torch.nn.Module:
+        return self.model.get_input_embeddings()
+
+    def output_head(self) -> torch.nn.Module:
+        return self.model.get_output_embeddings()
+
+    # ------------------------------------------------------------------ decoding
+    def reset(self) -> None:
+        self._cache = None
+        self._ctx = 0
+        self._pending = 0
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> TargetOutput:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise InvalidInputError(
+                f"input_ids must be a LongTensor [1, L], got {getattr(input_ids, 'shape', type(input_ids).__name__)}"
+            )
+        length = int(input_ids.shape[1])
+        if length < 1:
+            raise InvalidInputError("input_ids is empty: the prompt needs at least one token")
+        if length > self._max_positions:
+            raise InvalidInputError(f"prompt has {length} tokens; the target accepts at most {self._max_positions} positions")
+        from transformers import DynamicCache
+
+        self.reset()
+        cache = DynamicCache(config=self.model.config)
+        ids = input_ids.to(self.device, torch.long)
+        logits, features = self._forward(ids, None, None, cache, feature_layers)
+        self._cache = cache
+        self._ctx = length
+        return TargetOutput(logits=logits, features=features)
+
+    @torch.inference_mode()
+    def forward_tree(self, tree: Tree, feature_layers: tuple[int, ...] = ()) -> TargetOutput:
+        if self._cache is None:
+            raise InvalidInputError("forward_tree() needs a prefilled context; call prefill() first")
+        self._drop_pending()
+        n, ctx = len(tree), self._ctx
+        if ctx + tree.max_depth >= self._max_positions:  # deepest node sits at position ctx + depth
+            raise InvalidInputError(
+                f"tree of depth {tree.max_depth} after {ctx} committed tokens exceeds the target's "
+                f"{self._max_positions} positions"
+            )
+        dev = self.device
+        tokens = tree.tokens.to(dev)  # [n]
+        positions = tree.position_ids(ctx).to(dev)[None]  # [1, n]
+        mask = self._tree_mask(tree.ancestor_mask().to(dev), ctx)  # [1, 1, n, ctx + n]
+        logits, features = self._forward(tokens[None], mask, positions, self._cache, feature_layers)
+        self._pending = n
+        return TargetOutput(logits=logits, features=features)
+
+    @torch.inference_mode()
+    def commit(self, accepted_nodes: torch.Tensor) -> None:
+        """Keep the cache entries of ``accepted_nodes`` [m] (root first, increasing node order) right after
+        the context and drop every other tree node. Moves m entries per layer, never the whole cache."""
+        if self._pending == 0:
+            raise InvalidInputError("commit() without a pending tree: call forward_tree() first")
+        nodes = torch.as_tensor(accepted_nodes, dtype=torch.long)
+        m, n, ctx = int(nodes.numel()), self._pending, self._ctx
+        if nodes.dim() != 1 or not 1 <= m <= n:
+            raise InvalidInputError(f"accepted_nodes must be a 1-D tensor of 1..{n} node indices, got shape {tuple(nodes.shape)}")
+        if nodes.device.type == "cpu":  # host indices: check them for free, skip the move when already in place
+            if int(nodes[0]) != 0 or (m > 1 and not bool((nodes[1:] > nodes[:-1]).all())) or int(nodes[-1]) >= n:
+                raise InvalidInputError(f"accepted_nodes must start at the root (0) and increase below {n}, got {nodes.tolist()}")
+            in_place = int(nodes[-1]) == m - 1  # the path is nodes 0..m-1 (a chain prefix): nothing moves
+        else:
+            in_place = False
+        if not in_place and m > 1:
+            src = nodes[1:].to(self.device) + ctx  # [m - 1] cache slots of the accepted nodes below the root
+            for keys, values in self._layer_tensors():
+                # keys / values: [1, H_kv, ctx + n, D]; gather m - 1 rows first, then write them in place
+                keys[:, :, ctx + 1 : ctx + m] = keys.index_select(2, src)
+                values[:, :, ctx + 1 : ctx + m] = values.index_select(2, src)
+        if n > m:
+            self._cache.crop(-(n - m))  # slices the tail off; no copy
+        self._ctx = ctx + m
+        self._pending = 0
+
+    # ------------------------------------------------------------------ internals
+    def _drop_pending(self) -> None:
+        if self._pending:
+            self._cache.crop(-self._pending)
+            self._pending = 0
+
+    def _layer_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(layer.keys, layer.values) for layer in self._cache.layers]
+
+    def _tree_mask(self, ancestors: torch.Tensor, ctx: int) -> torch.Tensor:
+        """Additive float mask [1, 1, n, ctx + n]: 0 where attention is allowed, dtype-min elsewhere (the
+        context is fully visible; inside the tree each node sees itself and its ancestors)."""
+        n = int(ancestors.shape[0])
+        mask = torch.zeros(1, 1, n, ctx + n, dtype=self.dtype, device=ancestors.device)
+        mask[0, 0, :, ctx:].masked_fill_(~ancestors, torch.finfo(self.dtype).min)
+        return mask
+
+    def _forward(
+        self,
+        ids: torch.Tensor,  # [1, n]
+        mask: torch.Tensor | None,  # [1, 1, n, ctx + n] or None (plain causal prefill)
+        positions: torch.Tensor | None,  # [1, n]
+        cache: Any,
+        feature_layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        layers = tuple(int(i) for i in feature_layers)
+        n_layers = len(self._layers)
+        bad = [i for i in layers if not 0 <= i < n_layers]
+        if bad:
+            raise IncompatibleComponentsError(f"feature layer ids {bad} out of range: the target has {n_layers} layers")
+        last = n_layers - 1
+        # the last layer's HF hidden state is the final-norm output: ask HF for hidden states only then
+        want_all = last in layers
+        tap = _LayerTap(self._layers, layers) if layers and not want_all else None
+        try:
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+                output_hidden_states=want_all,
+            )
+        finally:
+            if tap is not None:
+                tap.close()
+        logits = out.logits[0]  # [n, V]
+        if not layers:
+            return logits, None
+        if want_all:
+            feats = [out.hidden_states[i + 1][0] for i in layers]  # each [n, H]
+        else:
+            feats = [tap.outputs[i][0] for i in layers]
+        return logits, torch.cat(feats, dim=-1)  # [n, F]

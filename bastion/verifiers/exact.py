@@ -1,0 +1,70 @@
+"""The exact verifier: greedy matching at temperature 0, sample-and-match at temperature > 0.
+
+Acceptance rule
+---------------
+Let ``y_i`` be the target's own choice at node ``i``: the argmax of its logits when greedy, otherwise one
+draw from the target's processed distribution (temperature, top-k, top-p) at that node. Every node gets
+exactly one independent draw. Starting at the root, move to the child whose token equals ``y_current``
+(siblings hold distinct tokens, so there is at most one); stop when no child matches. The nodes visited
+form the accepted path and ``y_last`` is the bonus token.
+
+Why it is lossless: every emitted token is ``y`` of the node it follows, and the target computed that
+node's logits with exactly the committed prefix in view (ancestor-only mask). So each emitted token is
+the target's greedy choice / a fresh sample from the target's distribution given everything before it,
+whatever the tree looked like; the tree only decides how many such tokens one forward pass yields.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bastion.core.errors import InvalidInputError
+from bastion.core.interfaces import Verifier
+from bastion.core.sampling import sample_tokens
+from bastion.core.tree import Tree
+from bastion.core.types import SamplingConfig, Verdict
+
+__all__ = ["ExactVerifier", "walk_tree"]
+
+
+def walk_tree(tokens: list[int], parents: list[int], choices: list[int]) -> list[int]:
+    """Accepted path (node indices, root first) when node ``i``'s target choice is ``choices[i]``.
+
+    Pure host-side walk over one pass of the node list: since parents precede children, a node is on
+    the path iff its parent is the current path end and its token equals that parent's choice.
+    """
+    path = [0]
+    for i in range(1, len(tokens)):
+        if parents[i] == path[-1] and tokens[i] == choices[path[-1]]:
+            path.append(i)
+    return path
+
+
+class ExactVerifier(Verifier):
+    """Lossless tree verification: greedy (T = 0) or sample-and-match (T > 0)."""
+
+    supports_sampling = True
+
+    def verify(
+        self,
+        tree: Tree,
+        logits: torch.Tensor,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None = None,
+    ) -> Verdict:
+        n = len(tree)
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != n:
+            raise InvalidInputError(
+                f"logits must be a tensor [n, V] with one row per tree node (n = {n}), "
+                f"got {getattr(logits, 'shape', type(logits).__name__)}"
+            )
+        choices = sample_tokens(logits, sampling, generator)  # [n], one target choice per node
+        # one device -> host transfer per step: the walk itself is a handful of integer compares
+        choice_list = choices.tolist()
+        tokens = tree.tokens.tolist()
+        path = walk_tree(tokens, tree.parents.tolist(), choice_list)
+        return Verdict(
+            accepted_nodes=torch.tensor(path, dtype=torch.long),
+            accepted_tokens=tuple(tokens[i] for i in path[1:]),
+            bonus_token=choice_list[path[-1]],
+        )
