@@ -1,4 +1,4 @@
-"""Registers bastion's built-in controllers through the public plugin hook."""
+"""Registers bastion's built-in latency model and budget controllers through the public plugin hook."""
 
 from __future__ import annotations
 
@@ -7,4 +7,21 @@ from bastion.core.hookspecs import Register, hookimpl
 
 @hookimpl
 def bastion_register_components(register: Register) -> None:
-    pass
+    register(
+        "latency_model",
+        "roofline",
+        "bastion.controllers.roofline:RooflineLatency",
+        description="roofline verify time from the target config and device peaks, calibrated online",
+    )
+    register(
+        "budget_controller",
+        "bastion",
+        "bastion.controllers.budget:BastionController",
+        description="tree size maximizing predicted speedup A_hat(T_n) * L_AR / C(n)",
+    )
+    register(
+        "budget_controller",
+        "fixed",
+        "bastion.controllers.budget:FixedController",
+        description="always verify `budget` nodes",
+    )

@@ -1,0 +1,177 @@
+"""Budget controllers: how many nodes of the best-first tree to verify this step.
+
+``bastion`` maximizes the predicted speedup over autoregressive decoding
+
+    S(n) = A_hat(T_n) * L_AR / C(n),   A_hat(T_n) = sum_{i < n} rho_i,   C(n) = overhead + T_verify(n, c)
+
+where ``rho_i = exp(log_scores[i])`` in node order (the root's rho is 1, so A_hat >= 1), ``L_AR`` is the
+predicted time of one autoregressive target step (``T_verify(1, c)``) and ``overhead`` the observed draft
+and non-verify seconds per step. Because best-first order makes A_hat(T_n) the best surrogate of any
+n-node tree, scanning n is a scan over optimal trees. All candidate sizes are scored with one vectorized
+latency call.
+
+``fixed`` always verifies the same number of nodes (the baseline; ``budget=1`` with the ``chain`` builder
+is plain DFlash).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Literal
+
+import numpy as np
+import torch
+
+from bastion.core.errors import InvalidInputError
+from bastion.core.interfaces import BudgetController, BudgetDecision, LatencyModel
+
+__all__ = ["BastionController", "BastionDecision", "FixedController"]
+
+Rule = Literal["scan", "first-decrease"]
+
+
+class BastionDecision(BudgetDecision):
+    """A :class:`BudgetDecision` with the controller's predictions for the chosen size."""
+
+    __slots__ = ("predicted_accept", "predicted_cost_s")
+
+    def __init__(self, n: int, predicted_speedup: float | None, predicted_accept: float, predicted_cost_s: float) -> None:
+        super().__init__(n, predicted_speedup)
+        self.predicted_accept = predicted_accept  # A_hat(T_n)
+        self.predicted_cost_s = predicted_cost_s  # C(n), seconds per step
+
+    def __repr__(self) -> str:
+        return (
+            f"BastionDecision(n={self.n}, predicted_speedup={self.predicted_speedup!r}, "
+            f"predicted_accept={self.predicted_accept:.4g}, predicted_cost_s={self.predicted_cost_s:.4g})"
+        )
+
+
+def _check_int(name: str, value: object, low: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise InvalidInputError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def _scores_to_numpy(log_scores: torch.Tensor) -> np.ndarray:
+    """The one host transfer of a step: FloatTensor[n_max] -> float64 array [n_max]."""
+    if not isinstance(log_scores, torch.Tensor) or log_scores.dim() != 1 or log_scores.shape[0] < 1:
+        raise InvalidInputError(
+            f"log_scores must be a non-empty 1-D tensor, got {getattr(log_scores, 'shape', type(log_scores).__name__)}"
+        )
+    arr = log_scores.detach().to("cpu", torch.float64).numpy()
+    if np.isnan(arr).any() or (arr > 1e-6).any():
+        raise InvalidInputError("log_scores must be log-probabilities (<= 0, no NaN)")
+    return arr
+
+
+def _check_overhead(overhead_s: float) -> float:
+    if not (isinstance(overhead_s, (int, float)) and math.isfinite(overhead_s) and overhead_s >= 0):
+        raise InvalidInputError(f"overhead_s must be a finite number >= 0, got {overhead_s!r}")
+    return float(overhead_s)
+
+
+class BastionController(BudgetController):
+    """Chooses n maximizing the predicted speedup S(n) over the allowed sizes.
+
+    ``rule="scan"`` returns the exact argmax (the smallest n among ties); ``rule="first-decrease"`` walks
+    sizes upward and stops before the first one whose S is lower than its predecessor's (the paper's
+    rule; equal to the scan when S is unimodal). ``min_budget`` / ``max_budget`` bound n; ``buckets``
+    restricts n to a set of sizes (e.g. the sizes of captured CUDA graphs); when no bucket fits under the
+    tree, the largest allowed size is used. ``extra_overhead_s`` is added to the observed overhead.
+    """
+
+    def __init__(
+        self,
+        *,
+        rule: Rule = "scan",
+        min_budget: int = 1,
+        max_budget: int | None = None,
+        buckets: Iterable[int] | None = None,
+        extra_overhead_s: float = 0.0,
+    ) -> None:
+        if rule not in ("scan", "first-decrease"):
+            raise InvalidInputError(f"rule must be 'scan' or 'first-decrease', got {rule!r}")
+        self.rule: Rule = rule
+        self.min_budget = _check_int("min_budget", min_budget)
+        self.max_budget = None if max_budget is None else _check_int("max_budget", max_budget)
+        if self.max_budget is not None and self.max_budget < self.min_budget:
+            raise InvalidInputError(f"max_budget ({max_budget}) is below min_budget ({min_budget})")
+        if buckets is not None:
+            sizes = sorted({_check_int("bucket size", b) for b in buckets})
+            if not sizes:
+                raise InvalidInputError("buckets must hold at least one size (or be None)")
+            self.buckets: tuple[int, ...] | None = tuple(sizes)
+        else:
+            self.buckets = None
+        self.extra_overhead_s = _check_overhead(extra_overhead_s)
+        self._candidates: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+
+    def candidates(self, n_max: int) -> np.ndarray:
+        """Allowed sizes (ascending, int64 array) for a tree of ``n_max`` nodes."""
+        return self._sizes(n_max)[0][1:]
+
+    def _sizes(self, n_max: int) -> tuple[np.ndarray, torch.Tensor]:
+        """Cached ``[1, *candidates]`` as an array and a tensor (1 first: the autoregressive step)."""
+        cached = self._candidates.get(n_max)
+        if cached is None:
+            hi = n_max if self.max_budget is None else min(self.max_budget, n_max)
+            lo = min(self.min_budget, hi)
+            if self.buckets is None:
+                cand = np.arange(lo, hi + 1, dtype=np.int64)
+            else:
+                cand = np.array([b for b in self.buckets if lo <= b <= hi], dtype=np.int64)
+                if cand.size == 0:
+                    cand = np.array([hi], dtype=np.int64)
+            sizes = np.concatenate([np.ones(1, dtype=np.int64), cand])
+            cached = (sizes, torch.from_numpy(sizes))
+            self._candidates[n_max] = cached
+        return cached
+
+    def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
+        scores = _scores_to_numpy(log_scores)  # [n_max]
+        overhead = _check_overhead(overhead_s) + self.extra_overhead_s
+        sizes, sizes_t = self._sizes(scores.shape[0])
+        cand = sizes[1:]  # [N] allowed sizes, ascending
+        t_verify = latency.predict_many(sizes_t, context_len).numpy()  # [N + 1] seconds; [0] is n = 1
+        a_hat = np.cumsum(np.exp(scores))[cand - 1]  # [N] A_hat(T_n)
+        cost = overhead + t_verify[1:]  # [N] seconds per step
+        speedup = a_hat * (t_verify[0] / cost)  # [N] S(n)
+        if self.rule == "scan":
+            k = int(np.argmax(speedup))
+        else:
+            drops = speedup[1:] < speedup[:-1]  # drops[j]: S falls from cand[j] to cand[j + 1]
+            k = int(np.argmax(drops)) if drops.any() else cand.size - 1
+        n = int(cand[k])
+        self.last_decision = BastionDecision(n, float(speedup[k]), float(a_hat[k]), float(cost[k]))
+        return n
+
+    def __repr__(self) -> str:
+        return f"BastionController(rule={self.rule!r}, min_budget={self.min_budget}, max_budget={self.max_budget}, buckets={self.buckets})"
+
+
+class FixedController(BudgetController):
+    """Always verifies ``budget`` nodes (root included), or the whole tree when it is smaller.
+
+    With ``estimate=True`` (default) it still records the predicted A_hat and speedup of its choice.
+    """
+
+    def __init__(self, *, budget: int = 16, estimate: bool = True) -> None:
+        self.budget = _check_int("budget", budget)
+        self.estimate = bool(estimate)
+
+    def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
+        if not isinstance(log_scores, torch.Tensor) or log_scores.dim() != 1 or log_scores.shape[0] < 1:
+            raise InvalidInputError("log_scores must be a non-empty 1-D tensor")
+        n = min(self.budget, int(log_scores.shape[0]))
+        if self.estimate:
+            a_hat = float(log_scores[:n].detach().double().exp().sum())
+            times = latency.predict_many(torch.tensor([1, n]), context_len)
+            cost = _check_overhead(overhead_s) + float(times[1])
+            self.last_decision = BastionDecision(n, a_hat * float(times[0]) / cost, a_hat, cost)
+        else:
+            self.last_decision = BudgetDecision(n, None)
+        return n
+
+    def __repr__(self) -> str:
+        return f"FixedController(budget={self.budget})"

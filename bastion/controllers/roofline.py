@@ -1,0 +1,229 @@
+"""The ``roofline`` latency model: verify time from the target's shape, the device's peaks and an
+online fit of the measured verify times.
+
+    T_verify(n, c) = max(a_c * flops(n, c) / peak_flops + b_c,  a_m * bytes(n, c) / bandwidth + b_m)
+
+Before any observation the parameters come from a saved profile for this device and model, or from a
+prior (60% of peak compute, 80% of peak bandwidth, a per-layer fixed cost), which already orders sizes
+sensibly. Every verify the pipeline times is recorded; the parameters are refitted every few steps with
+the robust, recency-weighted fit of :mod:`bastion.controllers.fit`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterable, Literal
+
+import numpy as np
+import torch
+
+from bastion.controllers.cost import ModelCost
+from bastion.controllers.devices import DevicePeaks, device_name, device_peaks
+from bastion.controllers.fit import FitResult, RooflineParams, fit_roofline
+from bastion.controllers.profiles import default_profile_path, load_profile, save_profile
+from bastion.core.errors import InvalidInputError
+from bastion.core.interfaces import LatencyModel
+
+__all__ = ["RooflineLatency", "prior_params"]
+
+#: fixed cost per decoder layer of one forward (kernel launches, framework overhead), by device type
+_LAYER_OVERHEAD_S = {"cuda": 3e-5, "cpu": 1e-4}
+_PRIOR_COMPUTE_EFFICIENCY = 0.6
+_PRIOR_MEMORY_EFFICIENCY = 0.8
+
+
+def prior_params(num_layers: int, device_type: str) -> RooflineParams:
+    """Parameters to use before any measurement on this device."""
+    b = num_layers * _LAYER_OVERHEAD_S.get(device_type, _LAYER_OVERHEAD_S["cuda"])
+    return RooflineParams(1.0 / _PRIOR_COMPUTE_EFFICIENCY, b, 1.0 / _PRIOR_MEMORY_EFFICIENCY, b)
+
+
+class RooflineLatency(LatencyModel):
+    """Roofline verify-latency model calibrated online from observed verify times.
+
+    Options (all keyword): ``model_config`` (HF config or dict; or pass ``cost``), ``device`` (where the
+    target runs), ``dtype`` (overrides the config's), ``peak_flops`` / ``bandwidth`` (override device
+    peaks), ``probe`` (allow the cached CPU / unknown-device micro-benchmark; default: unless
+    ``BASTION_NO_DEVICE_PROBE=1``), ``params`` (start from these parameters), ``profile`` (``"auto"``:
+    the user cache's profile file; a path; or ``None`` to ignore saved profiles), ``half_life``
+    (observations after which an old timing counts half), ``window`` (timings kept), ``refit_every``,
+    ``min_observations`` (timings before the first fit), ``online`` (False: never refit).
+    """
+
+    def __init__(
+        self,
+        model_config: Any = None,
+        device: str | torch.device = "cpu",
+        *,
+        dtype: Any = None,
+        cost: ModelCost | None = None,
+        peak_flops: float | None = None,
+        bandwidth: float | None = None,
+        probe: bool | None = None,
+        params: RooflineParams | dict[str, float] | None = None,
+        profile: str | Path | None | Literal["auto"] = "auto",
+        half_life: float = 128.0,
+        window: int = 512,
+        refit_every: int = 16,
+        min_observations: int = 6,
+        online: bool = True,
+    ) -> None:
+        if cost is None:
+            if model_config is None:
+                raise InvalidInputError("the roofline latency model needs model_config (the target's config) or cost")
+            cost = ModelCost.from_config(model_config, dtype)
+        if not (half_life > 0 and math.isfinite(half_life)):
+            raise InvalidInputError(f"half_life must be a finite number > 0, got {half_life!r}")
+        for name, value in (("window", window), ("refit_every", refit_every), ("min_observations", min_observations)):
+            if not isinstance(value, int) or value < 1:
+                raise InvalidInputError(f"{name} must be an int >= 1, got {value!r}")
+        if window < min_observations:
+            raise InvalidInputError(f"window ({window}) must be >= min_observations ({min_observations})")
+        self.cost = cost
+        self.device = torch.device(device)
+        self.device_label = device_name(self.device)
+        self.half_life = float(half_life)
+        self.refit_every = refit_every
+        self.min_observations = min_observations
+        self.online = online
+        self.profile_path: Path | None = default_profile_path() if profile == "auto" else (Path(profile) if profile else None)
+
+        saved = self._read_saved_profile() if params is None else None
+        if peak_flops is not None or bandwidth is not None:
+            base = device_peaks(self.device, _dtype_of(cost), probe=False) if (peak_flops is None or bandwidth is None) else None
+            self.peaks = DevicePeaks(
+                peak_flops if peak_flops is not None else base.flops_per_s,  # type: ignore[union-attr]
+                bandwidth if bandwidth is not None else base.bytes_per_s,  # type: ignore[union-attr]
+                name=self.device_label,
+                source="given",
+            )
+        elif saved is not None:
+            peaks = saved["peaks"]
+            self.peaks = DevicePeaks(peaks["flops_per_s"], peaks["bytes_per_s"], name=self.device_label, source="profile")
+        else:
+            self.peaks = device_peaks(self.device, _dtype_of(cost), probe=probe)
+
+        if isinstance(params, dict):
+            params = RooflineParams(**params)
+        if params is None and saved is not None:
+            params = RooflineParams(**saved["params"])
+        self.prior = params if params is not None else prior_params(cost.num_layers, self.device.type)
+        self.params = self.prior
+        self.last_fit: FitResult | None = None
+        self._coef_c = np.array(cost.flops_coeffs) / self.peaks.flops_per_s  # seconds per (n, n*m) unit
+        self._coef_m = np.array(cost.bytes_coeffs) / self.peaks.bytes_per_s  # seconds per (1, n, m, n*m)
+
+        self._x_c = np.zeros(window)
+        self._x_m = np.zeros(window)
+        self._t = np.zeros(window)
+        self._seq = np.zeros(window)
+        self._count = 0
+
+    # ------------------------------------------------------------------ prediction
+    def ideal_times(self, n_tokens: np.ndarray, context_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ideal compute and memory seconds ``(x_c, x_m)`` (arrays like ``n_tokens``) at the device peaks."""
+        n = np.asarray(n_tokens, dtype=np.float64)
+        m = context_len + n
+        f_n, f_nm = self._coef_c
+        g0, g_n, g_m, g_nm = self._coef_m
+        return n * (f_n + f_nm * m), g0 + g_n * n + m * (g_m + g_nm * n)
+
+    def predict(self, n_tokens: int, context_len: int) -> float:
+        x_c, x_m = self.ideal_times(np.float64(n_tokens), context_len)
+        return float(self.params.predict(x_c, x_m))
+
+    def predict_many(self, n_tokens: torch.Tensor, context_len: int) -> torch.Tensor:
+        """``n_tokens`` LongTensor[N] -> FloatTensor[N] (float64, CPU) seconds."""
+        x_c, x_m = self.ideal_times(n_tokens.detach().cpu().numpy(), context_len)
+        return torch.from_numpy(self.params.predict(x_c, x_m))
+
+    # ------------------------------------------------------------------ online calibration
+    @property
+    def n_observations(self) -> int:
+        return self._count
+
+    def observe(self, n_tokens: int, context_len: int, seconds: float) -> None:
+        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+            return  # a clock glitch carries no information
+        i = self._count % self._t.size
+        x_c, x_m = self.ideal_times(np.float64(n_tokens), context_len)
+        self._x_c[i], self._x_m[i], self._t[i], self._seq[i] = x_c, x_m, seconds, self._count
+        self._count += 1
+        if self.online and self._due(self._count):
+            self.refit()
+
+    def _due(self, count: int) -> bool:
+        if count < self.min_observations:
+            return False
+        since = count - self.min_observations
+        return since in (0, 2, 6, 14) or since % self.refit_every == 0
+
+    def refit(self) -> FitResult | None:
+        """Fit the parameters to the stored timings now (the pipeline's observations trigger this on a
+        schedule). Returns the fit, or ``None`` when there are fewer than ``min_observations`` timings."""
+        k = min(self._count, self._t.size)
+        if k < self.min_observations:
+            return None
+        age = (self._count - 1) - self._seq[:k]
+        weights = np.exp2(-age / self.half_life)
+        fit = fit_roofline(
+            self._x_c[:k],
+            self._x_m[:k],
+            self._t[:k],
+            weights,
+            prior=self.prior,
+            init=self.params,
+            starts=7 if self._count <= 64 else 3,
+        )
+        self.params = fit.params
+        self.last_fit = fit
+        return fit
+
+    def warmup(
+        self, measure: Callable[[int, int], float], sizes: Iterable[int] = (1, 4, 16, 64), context_lens: Iterable[int] = (0,)
+    ) -> FitResult | None:
+        """Optional short probe: observe ``measure(n, c)`` seconds for each size and context, then fit."""
+        for c in context_lens:
+            for n in sizes:
+                self.observe(int(n), int(c), float(measure(int(n), int(c))))
+        return self.refit()
+
+    def observations(self) -> dict[str, np.ndarray]:
+        """The stored timings (oldest first): ideal compute / memory seconds and measured seconds."""
+        k = min(self._count, self._t.size)
+        order = np.argsort(self._seq[:k], kind="stable")
+        return {"x_c": self._x_c[:k][order], "x_m": self._x_m[:k][order], "seconds": self._t[:k][order]}
+
+    # ------------------------------------------------------------------ profiles
+    def save_profile(self, path: str | Path | None = None) -> Path:
+        """Save parameters and peaks under this device and model (default: the model's profile path)."""
+        target = Path(path) if path is not None else (self.profile_path or default_profile_path())
+        fit = self.last_fit
+        entry = {
+            "params": self.params.as_dict(),
+            "peaks": {"flops_per_s": self.peaks.flops_per_s, "bytes_per_s": self.peaks.bytes_per_s, "source": self.peaks.source},
+            "fit": None if fit is None else {"median_rel_error": fit.median_rel_error, "n_points": fit.n_points},
+        }
+        return save_profile(target, self.device_label, self.cost.signature, entry)
+
+    def _read_saved_profile(self) -> dict[str, Any] | None:
+        if self.profile_path is None:
+            return None
+        entry = load_profile(self.profile_path, self.device_label, self.cost.signature)
+        if entry is None:
+            return None
+        if not isinstance(entry.get("params"), dict) or not isinstance(entry.get("peaks"), dict):
+            raise InvalidInputError(f"latency profile for {self.device_label} in {self.profile_path} is malformed")
+        return entry
+
+    def __repr__(self) -> str:
+        p = self.params
+        return (
+            f"RooflineLatency({self.cost.signature} on {self.device_label!r}, a_c={p.a_c:.3g}, b_c={p.b_c:.3g}s, "
+            f"a_m={p.a_m:.3g}, b_m={p.b_m:.3g}s, observations={self._count})"
+        )
+
+
+def _dtype_of(cost: ModelCost) -> torch.dtype:
+    return {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32, 8: torch.float64}[cost.bytes_per_param]
