@@ -7,4 +7,9 @@ from bastion.core.hookspecs import Register, hookimpl
 
 @hookimpl
 def bastion_register_components(register: Register) -> None:
-    pass
+    register(
+        "drafter",
+        "dflash",
+        "bastion.drafters.dflash:DFlashDrafter",
+        description="DFlash block-diffusion drafter (checkpoint=<dir or hub id>, device=, dtype=, block_size=)",
+    )

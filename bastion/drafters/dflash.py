@@ -1,0 +1,248 @@
+"""The DFlash block-diffusion drafter: one forward per step proposes marginals for depths 1..B-1.
+
+Per sequence it keeps a draft-context cache: per-layer keys/values of the *committed* positions' projected
+target features. Committed features arrive through :meth:`DFlashDrafter.begin` (the prompt) and
+:meth:`DFlashDrafter.commit` (the step's root and accepted nodes); they are projected lazily at the next
+:meth:`DFlashDrafter.propose`, inside the same step. The block's own keys/values are never cached: every
+step drafts a fresh block ``[root, MASK x (B - 1)]`` at positions ``context_len .. context_len + B - 1``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.core.interfaces import Drafter
+from bastion.core.types import DraftContext, DraftStep, Marginals
+from bastion.drafters.dflash_model import ContextKV, DFlashDraftModel
+
+if TYPE_CHECKING:
+    from bastion.core.target import Target
+
+__all__ = ["DFlashDrafter"]
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).removeprefix("torch.")
+    if name == "auto":
+        return None
+    if name not in _DTYPES:
+        raise InvalidInputError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+class _KVBuffer:
+    """Growable per-layer key/value storage (capacity doubles; reads are views, appends copy only the
+    new positions)."""
+
+    def __init__(self) -> None:
+        self._keys: list[torch.Tensor] = []  # per layer [1, h_kv, capacity, D]
+        self._values: list[torch.Tensor] = []
+        self.length = 0
+
+    def clear(self) -> None:
+        self._keys, self._values, self.length = [], [], 0
+
+    def append(self, new: ContextKV) -> None:
+        m = new.length
+        if m == 0:
+            return
+        need = self.length + m
+        if not self._keys or need > self._keys[0].shape[2]:
+            cap = max(need, 2 * (self._keys[0].shape[2] if self._keys else 0), 64)
+            self._keys = [self._grow(old, k, cap) for old, k in zip(self._keys or [None] * len(new.keys), new.keys)]
+            self._values = [self._grow(old, v, cap) for old, v in zip(self._values or [None] * len(new.values), new.values)]
+        for buf, k in zip(self._keys, new.keys):
+            buf[:, :, self.length : need] = k
+        for buf, v in zip(self._values, new.values):
+            buf[:, :, self.length : need] = v
+        self.length = need
+
+    def _grow(self, old: torch.Tensor | None, like: torch.Tensor, cap: int) -> torch.Tensor:
+        buf = like.new_empty((like.shape[0], like.shape[1], cap, like.shape[3]))  # [1, h_kv, cap, D]
+        if old is not None and self.length:
+            buf[:, :, : self.length] = old[:, :, : self.length]
+        return buf
+
+    def view(self) -> ContextKV | None:
+        if not self.length:
+            return None
+        return ContextKV(
+            tuple(k[:, :, : self.length] for k in self._keys), tuple(v[:, :, : self.length] for v in self._values)
+        )
+
+
+class DFlashDrafter(Drafter):
+    """Drafter over a DFlash checkpoint (local dir or hub id) or a :class:`DFlashDraftModel` instance.
+
+    Options: ``checkpoint`` (path / hub id / model), ``device``, ``dtype`` (``torch.dtype`` or a name such
+    as ``"bfloat16"``; ``None`` keeps the checkpoint's), ``block_size`` (draft a shorter block than the
+    checkpoint's, >= 2).
+    """
+
+    def __init__(
+        self,
+        checkpoint: str | Path | DFlashDraftModel,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = torch.float32,
+        block_size: int | None = None,
+    ) -> None:
+        if isinstance(checkpoint, DFlashDraftModel):
+            model = checkpoint.to(device=device, dtype=_as_dtype(dtype) or checkpoint.dtype)
+        elif isinstance(checkpoint, (str, Path)):
+            model = DFlashDraftModel.from_pretrained(checkpoint, device=device, dtype=_as_dtype(dtype))
+        else:
+            raise InvalidInputError(
+                f"checkpoint must be a directory, a hub id or a DFlashDraftModel, got {type(checkpoint).__name__}"
+            )
+        self.model = model.eval()
+        self.config = model.config
+        full = self.config.block_size
+        if block_size is None:
+            block_size = full
+        if not isinstance(block_size, int) or not 2 <= block_size <= full:
+            raise InvalidInputError(f"block_size must be an int in [2, {full}] for this checkpoint, got {block_size!r}")
+        self.block_size = block_size
+        self._embed: torch.nn.Module | None = None
+        self._head: torch.nn.Module | None = None
+        self._cache = _KVBuffer()
+        self._pending: list[torch.Tensor] = []  # committed features [m, F] not yet projected
+        self._pending_len = 0
+
+    # ---------------------------------------------------------------- interface
+    @property
+    def feature_layers(self) -> tuple[int, ...]:  # type: ignore[override]
+        return self.config.target_layer_ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """K: depths proposed per step."""
+        return self.block_size - 1
+
+    def bind(self, target: "Target") -> None:
+        cfg = self.config
+        problems = []
+        if target.hidden_size != cfg.hidden_size:
+            problems.append(f"target hidden size {target.hidden_size} != drafter hidden size {cfg.hidden_size}")
+        if target.vocab_size != cfg.vocab_size:
+            problems.append(f"target vocabulary {target.vocab_size} != drafter vocabulary {cfg.vocab_size}")
+        if target.num_layers != cfg.num_target_layers:
+            problems.append(
+                f"target has {target.num_layers} layers but the drafter was built for {cfg.num_target_layers} "
+                f"(target_layer_ids {list(cfg.target_layer_ids)})"
+            )
+        out_of_range = [i for i in cfg.target_layer_ids if i >= target.num_layers]
+        if out_of_range and target.num_layers == cfg.num_target_layers:  # pragma: no cover - config validated
+            problems.append(f"target_layer_ids {out_of_range} exceed the target's {target.num_layers} layers")
+        if not 0 <= cfg.mask_token_id < target.vocab_size:
+            problems.append(f"mask token id {cfg.mask_token_id} lies outside the target vocabulary [0, {target.vocab_size})")
+        embed, head = target.input_embeddings(), target.output_head()
+        emb_weight = getattr(embed, "weight", None)
+        if emb_weight is not None:
+            if emb_weight.shape[-1] != cfg.hidden_size:
+                problems.append(f"target embedding width {emb_weight.shape[-1]} != drafter hidden size {cfg.hidden_size}")
+            if cfg.mask_token_id >= emb_weight.shape[0]:
+                problems.append(f"mask token id {cfg.mask_token_id} has no row in the target embedding ({emb_weight.shape[0]} rows)")
+        if problems:
+            raise IncompatibleComponentsError("DFlash drafter and target are incompatible: " + "; ".join(problems))
+        if self.model.device != target.device:
+            self.model = self.model.to(target.device)
+        self._embed, self._head = embed, head
+        self.reset()
+
+    def reset(self) -> None:
+        self._cache.clear()
+        self._pending = []
+        self._pending_len = 0
+
+    def begin(self, context: DraftContext) -> None:
+        self.reset()
+        if context.features is None:
+            raise InvalidInputError("the DFlash drafter needs target features; prefill with its feature_layers")
+        if context.features.shape[0] != context.tokens.shape[0]:
+            raise InvalidInputError(
+                f"context has {context.tokens.shape[0]} tokens but {context.features.shape[0]} feature rows"
+            )
+        self._push(context.features)
+
+    def commit(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
+        if features is None:
+            raise InvalidInputError("the DFlash drafter needs the committed positions' target features")
+        if features.shape[0] != tokens.shape[0]:
+            raise InvalidInputError(f"commit got {tokens.shape[0]} tokens but {features.shape[0]} feature rows")
+        self._push(features)
+
+    @torch.inference_mode()
+    def propose(self, step: DraftStep) -> Marginals:
+        if self._embed is None or self._head is None:
+            raise InvalidInputError("DFlashDrafter.propose called before bind(target)")
+        if not 0 <= step.root_token < self.config.vocab_size:
+            raise InvalidInputError(f"root token {step.root_token} lies outside the vocabulary [0, {self.config.vocab_size})")
+        committed = self._cache.length + self._pending_len
+        if step.context_len != committed:
+            raise InvalidInputError(
+                f"drafter holds {committed} committed positions but the step's context length is {step.context_len}"
+            )
+        device = self.model.device
+        self._flush(device)
+        k = self.block_size - 1
+        block = torch.full((1, self.block_size), self.config.mask_token_id, dtype=torch.long, device=device)
+        block[0, 0] = step.root_token
+        positions = torch.arange(committed, committed + self.block_size, device=device)  # [B]
+        logits = self.model.block_logits(
+            None,
+            block,
+            embed=self._embed,
+            head=self._head,
+            block_positions=positions,
+            past_context=self._cache.view(),
+        )[0]  # [K, V]
+        return Marginals.from_logits(logits[:k].float(), temperature=step.temperature)
+
+    # ---------------------------------------------------------------- cache
+    def _push(self, features: torch.Tensor) -> None:
+        if features.dim() != 2 or features.shape[1] != self.config.feature_size:
+            raise InvalidInputError(
+                f"features must be [m, {self.config.feature_size}] "
+                f"(layers {list(self.config.target_layer_ids)} x hidden {self.config.hidden_size}), "
+                f"got {tuple(features.shape)}"
+            )
+        if features.shape[0]:
+            self._pending.append(features)
+            self._pending_len += int(features.shape[0])
+
+    def _flush(self, device: torch.device) -> None:
+        """Project pending committed features into the per-layer context cache."""
+        if not self._pending:
+            return
+        feats = torch.cat(self._pending, dim=0).to(device)[None]  # [1, P, F]
+        start = self._cache.length
+        positions = torch.arange(start, start + feats.shape[1], device=device)  # [P]
+        self._cache.append(self.model.context_kv(feats, positions))
+        self._pending = []
+        self._pending_len = 0
+
+    @property
+    def cached_positions(self) -> int:
+        """Committed positions whose keys/values are in the draft-context cache."""
+        return self._cache.length
