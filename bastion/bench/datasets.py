@@ -1,0 +1,189 @@
+"""Benchmark prompt sets: GSM8K (math), HumanEval (code) and MT-bench (chat) in their public formats.
+
+A dataset is named by a spec string ``NAME[=SOURCE]``:
+
+- ``gsm8k`` / ``humaneval`` / ``mt_bench``: the file of that name under the data directory
+  (``gsm8k/test.jsonl``, ``humaneval/HumanEval.jsonl.gz``, ``mt_bench/question.jsonl``);
+- ``gsm8k=path/to/file.jsonl``: a local JSONL (optionally gzipped) or JSON-array file in that format;
+- ``gsm8k=hf:openai/gsm8k:main@test``: a Hugging Face ``datasets`` id, optional config after ``:``
+  and split after ``@`` (needs the ``datasets`` package and network access).
+
+Only benchmark splits are read (GSM8K test, HumanEval prompts, MT-bench first turns).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Literal
+
+from attrs import field, frozen
+
+from bastion.core.errors import InvalidInputError
+
+__all__ = [
+    "Domain",
+    "Prompt",
+    "DatasetFormat",
+    "FORMATS",
+    "DATA_DIR_ENV",
+    "default_data_dir",
+    "parse_dataset_spec",
+    "load_dataset",
+    "read_records",
+]
+
+Domain = Literal["math", "code", "chat"]
+
+#: environment variable naming the directory that holds the benchmark data sets
+DATA_DIR_ENV = "BASTION_DATA_DIR"
+
+
+@frozen
+class Prompt:
+    """One benchmark prompt, before any template is applied."""
+
+    dataset: str  # the dataset label, e.g. "gsm8k"
+    domain: Domain
+    id: str  # stable id inside the dataset (task id, question id or row index)
+    text: str  # the question / code prompt / first chat turn
+
+    def __attrs_post_init__(self) -> None:
+        if not self.text.strip():
+            raise InvalidInputError(f"{self.dataset} prompt {self.id!r} has empty text")
+
+
+def _require(row: dict[str, Any], key: str, fmt: str, where: str) -> Any:
+    if key not in row:
+        raise InvalidInputError(f"{where}: a {fmt} record needs the field {key!r}, found {sorted(row)}")
+    return row[key]
+
+
+def _gsm8k(row: dict[str, Any], index: int, where: str) -> tuple[str, str]:
+    return str(index), str(_require(row, "question", "gsm8k", where))
+
+
+def _humaneval(row: dict[str, Any], index: int, where: str) -> tuple[str, str]:
+    return str(row.get("task_id", index)), str(_require(row, "prompt", "humaneval", where))
+
+
+def _mt_bench(row: dict[str, Any], index: int, where: str) -> tuple[str, str]:
+    turns = row.get("turns", row.get("prompt"))  # FastChat files use "turns", some hub copies "prompt"
+    if turns is None:
+        raise InvalidInputError(f"{where}: an mt_bench record needs the field 'turns', found {sorted(row)}")
+    if isinstance(turns, str):
+        turns = [turns]
+    if not turns:
+        raise InvalidInputError(f"{where}: an mt_bench record has no turns")
+    return str(row.get("question_id", index)), str(turns[0])  # first turn only
+
+
+@frozen
+class DatasetFormat:
+    """How one public data set is stored and which domain (prompt template) it belongs to."""
+
+    name: str
+    domain: Domain
+    default_file: str  # path below the data directory
+    hf_default: str  # hub spec used by "NAME=hf" (id[:config][@split])
+    extract: Callable[[dict[str, Any], int, str], tuple[str, str]] = field(eq=False, repr=False)
+
+
+FORMATS: dict[str, DatasetFormat] = {
+    f.name: f
+    for f in (
+        DatasetFormat("gsm8k", "math", "gsm8k/test.jsonl", "openai/gsm8k:main@test", _gsm8k),
+        DatasetFormat("humaneval", "code", "humaneval/HumanEval.jsonl.gz", "openai/openai_humaneval@test", _humaneval),
+        DatasetFormat("mt_bench", "chat", "mt_bench/question.jsonl", "HuggingFaceH4/mt_bench_prompts@train", _mt_bench),
+    )
+}
+
+
+def default_data_dir() -> Path:
+    """``$BASTION_DATA_DIR`` if set, else the first of ``./data`` and ``../shared/data`` that exists
+    (relative to the working directory), else ``./data``."""
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env)
+    for cand in (Path("data"), Path("..") / "shared" / "data"):
+        if (cand / FORMATS["gsm8k"].default_file).exists():
+            return cand
+    return Path("data")
+
+
+def parse_dataset_spec(spec: str) -> tuple[DatasetFormat, str | None]:
+    """``NAME[=SOURCE]`` -> (format, source or None for the default file)."""
+    name, sep, source = spec.strip().partition("=")
+    name = name.strip()
+    if name not in FORMATS:
+        raise InvalidInputError(f"unknown dataset {name!r}; known formats: {', '.join(FORMATS)} (spec NAME[=PATH|hf:ID])")
+    if sep and not source.strip():
+        raise InvalidInputError(f"dataset spec {spec!r} has an empty source after '='")
+    return FORMATS[name], (source.strip() if sep else None)
+
+
+def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Rows of a JSONL file (``.gz`` allowed) or of a JSON file holding a list of objects."""
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidInputError(f"dataset file not found: {p}")
+    opener: Callable[..., Any] = gzip.open if p.suffix == ".gz" else open
+    with opener(p, "rt", encoding="utf-8") as fh:
+        head = fh.read(1)
+        while head and head.isspace():
+            head = fh.read(1)
+        rest = fh.read()
+    text = head + rest
+    if head == "[":
+        rows = json.loads(text)
+        if not all(isinstance(r, dict) for r in rows):
+            raise InvalidInputError(f"{p}: a JSON dataset must be a list of objects")
+        yield from rows
+        return
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidInputError(f"{p}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise InvalidInputError(f"{p}:{lineno}: each line must be a JSON object")
+        yield row
+
+
+def _hub_records(source: str) -> Iterable[dict[str, Any]]:
+    try:
+        import datasets  # type: ignore[import-not-found]
+    except ImportError:
+        raise InvalidInputError(
+            f"dataset source {source!r} needs the Hugging Face 'datasets' package (pip install datasets)"
+        ) from None
+    ident, _, split = source.partition("@")
+    repo, _, config = ident.partition(":")
+    return datasets.load_dataset(repo, config or None, split=split or "test")
+
+
+def load_dataset(spec: str, limit: int | None = None, data_dir: str | Path | None = None) -> list[Prompt]:
+    """Load the prompts of ``spec`` (see the module doc), at most ``limit`` of them, in file order."""
+    if limit is not None and limit < 1:
+        raise InvalidInputError(f"limit must be >= 1, got {limit}")
+    fmt, source = parse_dataset_spec(spec)
+    rows: Iterable[dict[str, Any]]
+    if source == "hf" or (source is not None and source.startswith("hf:")):
+        hub = fmt.hf_default if source == "hf" else source[3:]
+        where, rows = f"hf:{hub}", _hub_records(hub)
+    else:
+        path = Path(source) if source is not None else Path(data_dir or default_data_dir()) / fmt.default_file
+        where, rows = str(path), read_records(path)
+    prompts: list[Prompt] = []
+    for i, row in enumerate(rows):
+        if limit is not None and len(prompts) >= limit:
+            break
+        pid, text = fmt.extract(dict(row), i, f"{where} row {i}")
+        prompts.append(Prompt(dataset=fmt.name, domain=fmt.domain, id=pid, text=text))
+    if not prompts:
+        raise InvalidInputError(f"dataset {spec!r} ({where}) holds no prompts")
+    return prompts

@@ -1,0 +1,274 @@
+"""The decoding methods a benchmark compares, all built on ONE loaded target and drafter.
+
+Method names (``--methods``):
+
+- ``ar``: the target alone, greedy (or sampled) decoding with its KV cache: the baseline;
+- ``chain``: the drafter's top-1 chain, every drafted token verified (DFlash);
+- ``static``: a fixed EAGLE-style topology (the ``static`` tree builder), every node verified;
+- ``best-first@N``: the best-first tree truncated to a fixed budget of N nodes (DDTree); any registered
+  tree builder works as ``NAME@N`` (fixed budget) or ``NAME`` (every node it builds);
+- ``bastion``: the best-first tree with the adaptive ``bastion`` budget controller.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Protocol
+
+import torch
+from attrs import field, frozen
+
+from bastion.core.errors import InvalidInputError
+from bastion.core.interfaces import BudgetController, LatencyModel
+from bastion.core.pipeline import Pipeline
+from bastion.core.sampling import sample_tokens
+from bastion.core.target import Target
+from bastion.core.tree import Tree
+from bastion.core.types import GenerationResult, SamplingConfig, StageTimings, StepRecord
+
+__all__ = [
+    "AR",
+    "ADAPTIVE",
+    "MethodSpec",
+    "parse_method",
+    "default_methods",
+    "Decoder",
+    "FullTree",
+    "ARDecoder",
+    "build_decoder",
+]
+
+AR = "ar"
+ADAPTIVE = "bastion"
+
+#: node cap for builders whose size is set by their own shape (chain, static)
+_UNBOUNDED_NODES = 4096
+
+
+@frozen
+class MethodSpec:
+    """How to assemble one method's decoder from the shared target and drafter."""
+
+    name: str
+    tree_builder: str | None  # None: the autoregressive baseline
+    controller: str | None = None  # registered budget controller; None: verify every built node
+    controller_options: Mapping[str, Any] = field(factory=dict)
+    tree_options: Mapping[str, Any] = field(factory=dict)
+    max_nodes: int = 64
+
+    @property
+    def is_ar(self) -> bool:
+        return self.tree_builder is None
+
+
+def parse_method(
+    name: str,
+    *,
+    max_nodes: int = 64,
+    tree_options: Mapping[str, Mapping[str, Any]] | None = None,
+    known_trees: tuple[str, ...] | None = None,
+) -> MethodSpec:
+    """Turn a method name (see the module doc) into a :class:`MethodSpec`.
+
+    ``max_nodes`` is the adaptive controller's N_max; ``tree_options`` maps a tree builder name to the
+    options it is created with (e.g. the static topology); ``known_trees`` are the registered builder
+    names (looked up in the registry when None).
+    """
+    name = name.strip()
+    opts = tree_options or {}
+    if not name:
+        raise InvalidInputError("empty method name")
+    if name == AR:
+        return MethodSpec(AR, None)
+    if name == ADAPTIVE:
+        return MethodSpec(ADAPTIVE, "best-first", controller="bastion", tree_options=dict(opts.get("best-first", {})), max_nodes=max_nodes)
+    if known_trees is None:
+        from bastion import registry
+
+        known_trees = tuple(registry.names("tree_builder"))
+    tree, sep, budget_s = name.partition("@")
+    if tree not in known_trees:
+        raise InvalidInputError(
+            f"unknown method {name!r}: use ar, bastion, or a tree builder ({', '.join(known_trees) or 'none registered'}) "
+            "optionally with @N for a fixed budget of N nodes"
+        )
+    if not sep:
+        return MethodSpec(name, tree, controller=None, tree_options=dict(opts.get(tree, {})), max_nodes=_UNBOUNDED_NODES)
+    try:
+        budget = int(budget_s)
+    except ValueError:
+        raise InvalidInputError(f"method {name!r}: the budget after '@' must be an integer") from None
+    if budget < 1:
+        raise InvalidInputError(f"method {name!r}: the budget must be >= 1")
+    return MethodSpec(
+        name, tree, controller="fixed", controller_options={"budget": budget}, tree_options=dict(opts.get(tree, {})), max_nodes=budget
+    )
+
+
+def default_methods(budgets: tuple[int, ...] = (4, 8, 16, 32, 64)) -> tuple[str, ...]:
+    """``ar, chain, static, best-first@N for each budget, bastion``."""
+    return (AR, "chain", "static", *(f"best-first@{b}" for b in budgets), ADAPTIVE)
+
+
+class Decoder(Protocol):
+    """What the benchmark runs: :class:`bastion.Pipeline` and :class:`ARDecoder` both qualify."""
+
+    def generate(
+        self, input_ids: torch.Tensor, max_new_tokens: int = 64, temperature: float = 0.0, seed: int | None = None
+    ) -> GenerationResult: ...
+
+
+class FullTree(BudgetController):
+    """Verify every node the tree builder produced (chain and static baselines)."""
+
+    def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
+        return int(log_scores.shape[0])
+
+
+class ARDecoder:
+    """Plain autoregressive decoding with the target's KV cache: one target forward per token.
+
+    With a Hugging Face target it calls the underlying model directly (the fastest honest baseline);
+    any other :class:`Target` decodes through its own interface, one single-node tree per token.
+    Timed like :meth:`bastion.Pipeline.generate`: the clock covers the prefill and every step.
+    """
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        model = getattr(target, "model", None)
+        self._model = model if isinstance(model, torch.nn.Module) else None
+
+    def generate(
+        self, input_ids: torch.Tensor, max_new_tokens: int = 64, temperature: float = 0.0, seed: int | None = None
+    ) -> GenerationResult:
+        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise InvalidInputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
+            raise InvalidInputError(f"input_ids must be a non-empty LongTensor [1, L], got {tuple(input_ids.shape)}")
+        sampling = SamplingConfig(temperature=temperature)
+        generator = None
+        if not sampling.greedy:
+            generator = torch.Generator(device=self.target.device)
+            generator.manual_seed(int(seed) if seed is not None else int(torch.seed()))
+        ids = input_ids.to(self.target.device, torch.long)
+        run = self._run_hf if self._model is not None else self._run_target
+        with torch.inference_mode():
+            return run(ids, max_new_tokens, sampling, generator)
+
+    # -- Hugging Face model with a DynamicCache ---------------------------------------------------
+    def _run_hf(
+        self, ids: torch.Tensor, max_new: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> GenerationResult:
+        from transformers import DynamicCache
+
+        model = self._model
+        assert model is not None
+        eos = self.target.eos_token_ids
+        limit = self.target.max_positions
+        t_start = time.perf_counter()
+        cache = DynamicCache(config=model.config)
+        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # [V]
+        tok = int(sample_tokens(logits, sampling, generator))
+        self._sync()
+        prefill_s = time.perf_counter() - t_start
+        out, steps = [tok], []
+        ctx = int(ids.shape[1])
+        while len(out) < max_new and tok not in eos and ctx + 1 < limit:
+            t0 = time.perf_counter()
+            step_in = torch.tensor([[tok]], dtype=torch.long, device=ids.device)  # [1, 1]
+            logits = model(input_ids=step_in, cache=cache, use_cache=True).logits[0, -1]  # [V]
+            tok = int(sample_tokens(logits, sampling, generator))  # host sync: needed for the EOS check
+            t1 = time.perf_counter()
+            out.append(tok)
+            steps.append(_ar_step(ctx, t1 - t0, time.perf_counter() - t1))
+            ctx += 1
+        return self._result(out, steps, ids, prefill_s, t_start, eos, max_new)
+
+    # -- any Target: one single-node tree per token -------------------------------------------------
+    def _run_target(
+        self, ids: torch.Tensor, max_new: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> GenerationResult:
+        target = self.target
+        eos = target.eos_token_ids
+        keep_root = torch.zeros(1, dtype=torch.long, device=ids.device)  # [1]: commit node 0
+        t_start = time.perf_counter()
+        target.reset()
+        pre = target.prefill(ids)
+        tok = int(sample_tokens(pre.logits[-1], sampling, generator))
+        self._sync()
+        prefill_s = time.perf_counter() - t_start
+        out, steps = [tok], []
+        while len(out) < max_new and tok not in eos and target.context_len + 1 < target.max_positions:
+            ctx = target.context_len
+            t0 = time.perf_counter()
+            node = Tree.from_parents([tok], [-1])
+            logits = target.forward_tree(node).logits[0]  # [V]
+            target.commit(keep_root)
+            tok = int(sample_tokens(logits, sampling, generator))
+            t1 = time.perf_counter()
+            out.append(tok)
+            steps.append(_ar_step(ctx, t1 - t0, time.perf_counter() - t1))
+        return self._result(out, steps, ids, prefill_s, t_start, eos, max_new)
+
+    def _result(
+        self,
+        out: list[int],
+        steps: list[StepRecord],
+        ids: torch.Tensor,
+        prefill_s: float,
+        t_start: float,
+        eos: frozenset[int],
+        max_new: int,
+    ) -> GenerationResult:
+        self._sync()
+        return GenerationResult(
+            tokens=out[:max_new],
+            steps=tuple(steps),
+            prompt_len=int(ids.shape[1]),
+            prefill_s=prefill_s,
+            wall_s=time.perf_counter() - t_start,
+            stop_reason="eos" if out and out[-1] in eos else "length",
+        )
+
+    def _sync(self) -> None:
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize(self.target.device)
+
+
+def _ar_step(ctx: int, forward_s: float, other_s: float) -> StepRecord:
+    return StepRecord(
+        budget=1,
+        accepted=0,
+        emitted=1,
+        context_len=ctx,
+        predicted_accept=1.0,
+        predicted_speedup=None,
+        timings=StageTimings(verify=forward_s, other=other_s),
+    )
+
+
+def build_decoder(
+    spec: MethodSpec, target: Target, drafter: Any, tokenizer: Any = None, registry: Any = None
+) -> Decoder:
+    """The decoder of ``spec`` over the shared ``target`` and ``drafter`` instances."""
+    if spec.is_ar:
+        return ARDecoder(target)
+    from bastion import registry as default_registry
+
+    reg = registry or default_registry
+    assert spec.tree_builder is not None
+    tree = reg.create("tree_builder", spec.tree_builder, **dict(spec.tree_options))
+    controller = (
+        FullTree() if spec.controller is None else reg.create("budget_controller", spec.controller, **dict(spec.controller_options))
+    )
+    return Pipeline(
+        target=target,
+        drafter=drafter,
+        tree_builder=tree,
+        budget_controller=controller,
+        latency_model="roofline",
+        verifier="exact",
+        max_nodes=spec.max_nodes,
+        tokenizer=tokenizer,
+        registry=reg,
+    )

@@ -1,0 +1,205 @@
+"""Runs every method on every prompt, interleaved per prompt, and collects the results.
+
+For each prompt all methods run back to back, in an order rotated by one place per prompt, so slow
+drift of the machine (thermal state, other load) and order effects (caches) fall on every method alike.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from typing import Any, Mapping, Sequence
+
+import attrs
+import torch
+from attrs import field, frozen
+
+from bastion.bench.datasets import Prompt, load_dataset
+from bastion.bench.methods import AR, ADAPTIVE, Decoder, MethodSpec, build_decoder, default_methods, parse_method
+from bastion.bench.metrics import DatasetSummary, MethodStats, PromptRun, aggregate, latency_points, summarize
+from bastion.bench.templates import TemplateStyle, encode_prompt
+from bastion.core.errors import InvalidInputError
+from bastion.core.target import Target
+
+__all__ = ["BenchConfig", "BenchRun", "LatencyFit", "QUICK", "load_prompts", "run_bench", "fit_latency"]
+
+DEFAULT_DATASETS: tuple[str, ...] = ("gsm8k", "humaneval", "mt_bench")
+
+
+def _positive(_inst: object, attribute: attrs.Attribute, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise InvalidInputError(f"{attribute.name} must be >= 1, got {value!r}")
+
+
+@frozen
+class BenchConfig:
+    """What one ``bastion bench`` run measures."""
+
+    datasets: tuple[str, ...] = field(default=DEFAULT_DATASETS, converter=tuple)
+    methods: tuple[str, ...] = field(default=default_methods(), converter=tuple)
+    limit: int | None = field(default=10, validator=_positive)  # prompts per dataset
+    max_new_tokens: int = field(default=128, validator=_positive)
+    max_nodes: int = field(default=64, validator=_positive)  # the adaptive controller's N_max
+    temperature: float = field(default=0.0, converter=float)
+    seed: int = 0
+    template: str = "auto"
+    warmup_tokens: int = field(default=16, validator=attrs.validators.ge(0))  # per method, first prompt, unrecorded
+    data_dir: str | None = None
+    tree_options: Mapping[str, Mapping[str, Any]] = field(factory=dict)
+
+    @methods.validator
+    def _check_methods(self, _a: attrs.Attribute, value: tuple[str, ...]) -> None:
+        if not value:
+            raise InvalidInputError("at least one method is needed")
+        if len(set(value)) != len(value):
+            raise InvalidInputError(f"methods repeat a name: {list(value)}")
+
+    @datasets.validator
+    def _check_datasets(self, _a: attrs.Attribute, value: tuple[str, ...]) -> None:
+        if not value:
+            raise InvalidInputError("at least one dataset is needed")
+
+    @temperature.validator
+    def _check_temperature(self, _a: attrs.Attribute, value: float) -> None:
+        if value < 0:
+            raise InvalidInputError(f"temperature must be >= 0, got {value}")
+
+
+#: the ``--quick`` configuration: a few prompts per dataset, a short sweep
+QUICK = dict(limit=3, max_new_tokens=64, methods=default_methods((8, 32)), warmup_tokens=8)
+
+
+@frozen
+class LatencyFit:
+    """The adaptive pipeline's latency model against the verify times measured in the run."""
+
+    points: list[tuple[int, int, float]] = field(eq=False)  # (budget, context_len, measured seconds)
+    predicted: list[float] = field(eq=False)  # model prediction at each point
+    mean_abs_rel_error: float | None
+
+
+@frozen
+class BenchRun:
+    """Everything one run measured."""
+
+    config: BenchConfig
+    specs: tuple[MethodSpec, ...]
+    prompts: tuple[Prompt, ...] = field(eq=False)
+    runs: tuple[PromptRun, ...] = field(eq=False)
+    stats: tuple[MethodStats, ...] = field(eq=False)
+    summary: tuple[DatasetSummary, ...] = field(eq=False)
+    latency: LatencyFit | None = field(eq=False)
+    latency_model: Any = field(eq=False, repr=False)  # the adaptive pipeline's model, for the fit plot
+    meta: dict[str, Any] = field(eq=False)
+
+
+def load_prompts(config: BenchConfig) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    for spec in config.datasets:
+        prompts.extend(load_dataset(spec, limit=config.limit, data_dir=config.data_dir))
+    return prompts
+
+
+def fit_latency(model: Any, points: Sequence[tuple[int, int, float]]) -> LatencyFit:
+    """Predictions of ``model`` (a LatencyModel) at the measured points, and the mean |rel. error|."""
+    pts = [p for p in points if p[2] > 0]
+    predicted = [float(model.predict(n, c)) for n, c, _ in pts]
+    errs = [abs(p - s) / s for p, (_, _, s) in zip(predicted, pts)]
+    return LatencyFit(points=pts, predicted=predicted, mean_abs_rel_error=(sum(errs) / len(errs)) if errs else None)
+
+
+def run_bench(
+    config: BenchConfig,
+    target: Target,
+    drafter: Any,
+    tokenizer: Any = None,
+    *,
+    progress: bool = True,
+    registry: Any = None,
+) -> BenchRun:
+    """Run ``config`` on one loaded ``target`` and ``drafter`` shared by every method."""
+    specs = tuple(parse_method(m, max_nodes=config.max_nodes, tree_options=config.tree_options) for m in config.methods)
+    if not any(s.is_ar for s in specs):
+        raise InvalidInputError("the methods must include 'ar': speedups are measured against it in the same run")
+    if config.template not in ("auto", "chat", "plain"):
+        raise InvalidInputError(f"template must be auto, chat or plain, got {config.template!r}")
+    decoders: dict[str, Decoder] = {s.name: build_decoder(s, target, drafter, tokenizer, registry) for s in specs}
+    prompts = load_prompts(config)
+    style: TemplateStyle = config.template  # type: ignore[assignment]
+    room = target.max_positions - config.max_new_tokens - 1
+    if room < 1:
+        raise InvalidInputError(
+            f"max_new_tokens {config.max_new_tokens} leaves no room for a prompt in the target's {target.max_positions} positions"
+        )
+    encoded = [encode_prompt(p, tokenizer, target.vocab_size, style, max_tokens=room) for p in prompts]
+
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    t0 = time.perf_counter()
+    if config.warmup_tokens > 0:  # first-call costs (allocations, kernel selection) stay out of the figures
+        for name, dec in decoders.items():
+            dec.generate(encoded[0], max_new_tokens=config.warmup_tokens, temperature=config.temperature, seed=config.seed)
+    warmup_s = time.perf_counter() - t0
+
+    runs: list[PromptRun] = []
+    names = [s.name for s in specs]
+    bar = _progress(len(prompts) * len(names), progress)
+    try:
+        for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+            shift = i % len(names)
+            for name in names[shift:] + names[:shift]:
+                bar.set_postfix_str(f"{prompt.dataset} {name}", refresh=False)
+                res = decoders[name].generate(
+                    ids, max_new_tokens=config.max_new_tokens, temperature=config.temperature, seed=config.seed + i
+                )
+                runs.append(PromptRun(method=name, dataset=prompt.dataset, prompt_id=prompt.id, result=res))
+                bar.update(1)
+    finally:
+        bar.close()
+    total_s = time.perf_counter() - t0
+
+    # keep the configured method order in every table, whatever the rotation did
+    order = {n: k for k, n in enumerate(names)}
+    runs_sorted = sorted(runs, key=lambda r: order[r.method])
+    stats = aggregate(runs_sorted, reference=AR, check_equal=config.temperature == 0.0)
+    adaptive = decoders.get(ADAPTIVE)
+    lat_model = getattr(adaptive, "latency_model", None)
+    fit = None
+    if lat_model is not None:
+        fit = fit_latency(lat_model, latency_points([r for r in runs if r.method == ADAPTIVE], exclude=()))
+    meta = {
+        "device": str(target.device),
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "prompts": len(prompts),
+        "warmup_s": warmup_s,
+        "total_s": total_s,
+        "started": started,
+    }
+    return BenchRun(
+        config=config,
+        specs=specs,
+        prompts=tuple(prompts),
+        runs=tuple(runs_sorted),
+        stats=tuple(stats),
+        summary=tuple(summarize(stats, adaptive=ADAPTIVE)),
+        latency=fit,
+        latency_model=lat_model,
+        meta=meta,
+    )
+
+
+class _NoBar:
+    def set_postfix_str(self, *_a: Any, **_k: Any) -> None: ...
+    def update(self, *_a: Any) -> None: ...
+    def close(self) -> None: ...
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="bench", unit="gen", dynamic_ncols=True)
