@@ -22,3 +22,35 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory):
     from bastion.testing.tiny import save_tiny_target
 
     return save_tiny_target(tmp_path_factory.mktemp("llama"), "llama", seed=1)
+
+
+@pytest.fixture
+def fake_plugin_dist(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """Factory that installs a throw-away distribution with a ``bastion`` entry point on ``sys.path``
+    (a real ``*.dist-info`` with ``entry_points.txt``, found by ``importlib.metadata``).
+
+    ``make(dist_name, module_name, source)`` writes ``module_name.py`` holding ``source`` and returns the
+    entry-point name (the module name). Modules it imported are dropped from ``sys.modules`` afterwards.
+    """
+    import importlib
+    import sys
+    import textwrap
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    made: list[str] = []
+
+    def make(dist_name: str, module_name: str, source: str) -> str:
+        (site / f"{module_name}.py").write_text(textwrap.dedent(source))
+        info = site / f"{dist_name.replace('-', '_')}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[bastion]\n{module_name} = {module_name}\n")
+        importlib.invalidate_caches()
+        made.append(module_name)
+        return module_name
+
+    yield make
+    for name in made:
+        sys.modules.pop(name, None)

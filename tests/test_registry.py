@@ -1,0 +1,186 @@
+"""The registry: built-ins and entry-point plugins through one hook, duplicates, blocking, broken plugins."""
+
+from __future__ import annotations
+
+import sys
+import types
+import warnings
+
+import pluggy
+import pytest
+
+import bastion
+from bastion.core.errors import DuplicateComponentError, UnknownComponentError
+from bastion.core.hookspecs import KINDS, hookimpl
+from bastion.core.registry import BLOCK_ENV, BUILTIN_PLUGINS, BUILTIN_SOURCE, PluginLoadWarning, Registry
+
+GOOD = """
+from bastion.core.hookspecs import hookimpl
+
+@hookimpl
+def bastion_register_components(register):
+    register("drafter", "fake-good", "bastion_example_drafter.drafter:NGramDrafter", description="fake")
+    register("tree_builder", "fake-tree", "bastion.testing.contract:FixedLatencyModel")
+"""
+
+BROKEN_ON_IMPORT = """
+raise ImportError("this plugin needs a library that is not installed")
+"""
+
+DUPLICATE = """
+from bastion.core.hookspecs import hookimpl
+
+@hookimpl
+def bastion_register_components(register):
+    register("verifier", "fake-unique", "x:y")
+    register("drafter", "fake-good", "x:y")
+"""
+
+
+def _plugin(**components: str) -> types.ModuleType:
+    """A hook-implementing module registering ``kind=name`` pairs."""
+    mod = types.ModuleType("plugin_" + "_".join(components.values()).replace("-", "_"))
+
+    @hookimpl
+    def bastion_register_components(register):
+        for kind, name in components.items():
+            register(kind, name, "bastion.testing.contract:FixedLatencyModel")
+
+    mod.bastion_register_components = bastion_register_components  # type: ignore[attr-defined]
+    return mod
+
+
+def _isolated() -> Registry:
+    return Registry(builtin_plugins=(), load_entry_points=False)
+
+
+def test_kinds_are_the_five_component_kinds():
+    assert bastion.registry.kinds() == KINDS == (
+        "drafter",
+        "tree_builder",
+        "latency_model",
+        "budget_controller",
+        "verifier",
+    )
+
+
+def test_builtins_register_through_the_public_hook_with_source_builtin():
+    reg = Registry(load_entry_points=False)
+    builtins = reg.components()
+    for modname in BUILTIN_PLUGINS:
+        hook = sys.modules[modname].bastion_register_components
+        assert hasattr(hook, "bastion_impl"), f"{modname} must implement the hook with bastion's hookimpl"
+
+    assert builtins, "the built-in hooks registered nothing"
+    assert {c.source for c in builtins} == {BUILTIN_SOURCE}
+    assert {c.plugin for c in builtins} <= set(BUILTIN_PLUGINS)
+
+
+def test_registering_a_duplicate_name_fails_naming_both_sources():
+    reg = _isolated()
+    reg.register_plugin(_plugin(verifier="twice"), name="first_plugin", source="dist-one")
+    with pytest.raises(DuplicateComponentError) as err:
+        reg.register_plugin(_plugin(verifier="twice"), name="second_plugin", source="dist-two")
+    msg = str(err.value)
+    assert "'twice'" in msg and "dist-one (first_plugin)" in msg and "dist-two (second_plugin)" in msg
+    with pytest.raises(DuplicateComponentError, match=r"dist-one \(first_plugin\).*runtime"):
+        reg.register("verifier", "twice", lambda: None)
+
+
+def test_the_same_name_under_two_kinds_is_not_a_duplicate():
+    reg = _isolated()
+    reg.register_plugin(_plugin(verifier="same", drafter="same"), name="p")
+    assert reg.names("verifier") == ["same"] and reg.names("drafter") == ["same"]
+
+
+def test_unknown_kind_and_unknown_name_raise_clear_errors():
+    reg = _isolated()
+    reg.register("verifier", "only", lambda: None)
+    with pytest.raises(UnknownComponentError, match="unknown component kind 'drafters'"):
+        reg.names("drafters")
+    with pytest.raises(UnknownComponentError, match="no verifier named 'missing'; registered: only"):
+        reg.create("verifier", "missing")
+    with pytest.raises(ValueError, match="non-empty strings"):
+        reg.register("verifier", "", lambda: None)
+
+
+def test_create_passes_options_and_resolves_lazy_factories():
+    reg = _isolated()
+    reg.register("latency_model", "lazy", "bastion.testing.contract:FixedLatencyModel")
+    model = reg.create("latency_model", "lazy", base_s=0.5)
+    assert model.predict(1, 1) > 0.5
+
+
+def test_check_pending_fails_on_a_misspelled_hook():
+    reg = _isolated()
+    mod = types.ModuleType("typo_plugin")
+
+    @hookimpl
+    def bastion_register_component(register):  # missing the final "s"
+        pass
+
+    mod.bastion_register_component = bastion_register_component  # type: ignore[attr-defined]
+    reg.register_plugin(mod, name="typo_plugin")
+    with pytest.raises(pluggy.PluginValidationError, match="bastion_register_component"):
+        reg.check_pending()
+
+
+def test_entry_point_plugin_is_discovered_lazily_with_its_distribution_as_source(fake_plugin_dist):
+    ep = fake_plugin_dist("fake-good-dist", "fake_good_plugin", GOOD)
+    reg = Registry()
+    assert ep not in sys.modules, "entry points must load lazily, on the first query"
+    assert "fake-good" in reg.names("drafter")
+    info = reg.info("drafter", "fake-good")
+    assert (info.source, info.plugin, info.description) == ("fake-good-dist", ep, "fake")
+    assert reg.info("tree_builder", "fake-tree").source == "fake-good-dist"
+    assert ep in sys.modules
+    reg.load()  # idempotent: a second load does not re-register (which would be a duplicate)
+    assert reg.names("drafter").count("fake-good") == 1
+
+
+@pytest.mark.parametrize("block", ["fake_good_plugin", "fake-good-dist", "*", "other, fake_good_plugin"])
+def test_a_blocked_plugin_is_not_imported_or_registered(fake_plugin_dist, monkeypatch, block):
+    ep = fake_plugin_dist("fake-good-dist", "fake_good_plugin", GOOD)
+    monkeypatch.setenv(BLOCK_ENV, block)
+    reg = Registry()
+    assert "fake-good" not in reg.names("drafter")
+    assert ep in reg.blocked()
+    assert ep not in sys.modules
+    assert set(Registry(load_entry_points=False).names("tree_builder")) <= set(reg.names("tree_builder"))
+
+
+def test_a_plugin_that_raises_on_import_is_reported_by_name_and_builtins_still_work(fake_plugin_dist):
+    ep = fake_plugin_dist("fake-broken-dist", "fake_broken_plugin", BROKEN_ON_IMPORT)
+    reg = Registry()
+    with pytest.warns(PluginLoadWarning, match=r"'fake_broken_plugin' from 'fake-broken-dist' failed to load") as rec:
+        reg.load()
+    assert "needs a library that is not installed" in str(rec[0].message)
+    assert BLOCK_ENV in str(rec[0].message)
+    [failure] = [f for f in reg.failures() if f.plugin == ep]
+    assert failure.source == "fake-broken-dist" and "ImportError" in failure.error
+    builtin = Registry(load_entry_points=False)
+    for kind in KINDS:
+        assert set(builtin.names(kind)) <= set(reg.names(kind))
+    with pytest.raises(UnknownComponentError, match=r"failed to load: fake_broken_plugin \(fake-broken-dist\)"):
+        reg.info("drafter", "from-the-broken-plugin")
+
+
+def test_a_plugin_registering_a_taken_name_is_skipped_whole_with_both_sources_named(fake_plugin_dist):
+    fake_plugin_dist("fake-good-dist", "fake_good_plugin", GOOD)
+    fake_plugin_dist("fake-later-dist", "fake_later_plugin", DUPLICATE)
+    reg = Registry()
+    with pytest.warns(PluginLoadWarning) as rec:
+        reg.load()
+    msgs = [str(r.message) for r in rec if "fake_later_plugin" in str(r.message)]
+    assert msgs and "fake-good-dist (fake_good_plugin)" in msgs[0] and "fake-later-dist (fake_later_plugin)" in msgs[0]
+    assert reg.info("drafter", "fake-good").source == "fake-good-dist"
+    assert "fake-unique" not in reg.names("verifier"), "a failed plugin's earlier registrations are rolled back"
+
+
+def test_the_default_registry_is_reachable_as_bastion_registry():
+    from bastion.core.registry import registry
+
+    assert bastion.registry is registry
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PluginLoadWarning)
+        assert isinstance(bastion.registry.components(), list)
