@@ -1,0 +1,146 @@
+"""The roofline latency model: operation counts, device peaks, prediction shape, profiles, registry."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import bastion
+from bastion.controllers import ModelCost, RooflineLatency, RooflineParams
+from bastion.controllers import devices
+from bastion.controllers.devices import DevicePeaks, device_peaks, lookup_gpu
+from bastion.core import InvalidInputError, LatencyModel
+from bastion.testing.tiny import tiny_config
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BASTION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("BASTION_NO_DEVICE_PROBE", "1")
+    return tmp_path / "cache"
+
+
+def test_cost_counts_match_a_hand_count_for_a_tiny_config():
+    cost = ModelCost.from_config(tiny_config("qwen3"))  # L=2, h=64, H=4, kv=2, d=16, I=128, V=256, fp32
+    layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128  # q, k+v, o, gated MLP
+    assert cost.layer_params == layer
+    assert cost.bytes_per_param == 4
+    n, c = 5, 11
+    flops = 2 * n * (2 * layer + 64 * 256) + 4 * 2 * 4 * 16 * n * (c + n)
+    assert float(cost.flops(n, c)) == pytest.approx(flops)
+    weights = (2 * layer + 64 * 256 + 5 * 64) * 4
+    kv = 2 * 2 * 2 * 16 * 4  # layers * (K, V) * kv heads * head dim * bytes, per token
+    expected_bytes = weights + n * (kv + 2 * (4 * 64 + 3 * 128) * 4 + 4 * 256) + (c + n) * kv + n * (c + n) * 2 * 4
+    assert float(cost.bytes(n, c)) == pytest.approx(expected_bytes)
+
+
+def test_cost_reads_llama_configs_and_dtype_overrides():
+    cfg = tiny_config("llama", head_dim=None)
+    cost = ModelCost.from_config(cfg, dtype=torch.bfloat16)
+    assert cost.head_dim == 64 // 4 and cost.bytes_per_param == 2
+    assert ModelCost.from_config(cfg.to_dict()).signature == ModelCost.from_config(cfg).signature
+    with pytest.raises(InvalidInputError):
+        ModelCost.from_config({"hidden_size": 8})
+
+
+def test_predictions_grow_with_tree_size_and_context_and_vectorize_exactly():
+    model = RooflineLatency(model_config=tiny_config("qwen3", hidden_size=256, intermediate_size=1024), device="cpu", profile=None)
+    n = torch.arange(1, 257)
+    for ctx in (0, 100, 400):
+        many = model.predict_many(n, ctx)
+        assert many.shape == (256,) and many.dtype == torch.float64
+        single = torch.tensor([model.predict(int(k), ctx) for k in n], dtype=torch.float64)
+        assert torch.allclose(many, single, rtol=1e-12)
+        assert bool((many[1:] >= many[:-1]).all())
+    assert model.predict(64, 4000) > model.predict(64, 10)
+    assert isinstance(model, LatencyModel)
+
+
+def test_known_gpus_come_from_the_table_by_dtype():
+    h200 = lookup_gpu("NVIDIA H200", torch.bfloat16)
+    assert h200 is not None and h200.source == "table"
+    assert h200.bytes_per_s == pytest.approx(4.8e12) and h200.flops_per_s == pytest.approx(989e12)
+    assert lookup_gpu("NVIDIA H100 PCIe", torch.float16).bytes_per_s == pytest.approx(2.0e12)
+    assert lookup_gpu("NVIDIA H200", torch.float32).flops_per_s < h200.flops_per_s
+    assert lookup_gpu("Some Future Accelerator") is None
+
+
+def test_cpu_probe_is_measured_once_then_cached(isolated_cache, monkeypatch):
+    monkeypatch.delenv("BASTION_NO_DEVICE_PROBE")
+    calls = []
+
+    def fake_probe(dev, dtype, **kw):
+        calls.append(dev)
+        return DevicePeaks(3e10, 7e9, name="probe-cpu", source="probe")
+
+    monkeypatch.setattr(devices, "probe_device", fake_probe)
+    first = device_peaks("cpu", torch.float32)
+    second = device_peaks("cpu", torch.float32)
+    assert len(calls) == 1
+    assert (first.source, second.source) == ("probe", "cache")
+    assert second.flops_per_s == pytest.approx(3e10) and second.bytes_per_s == pytest.approx(7e9)
+    assert (isolated_cache / "device_peaks.json").exists()
+
+
+def test_real_cpu_probe_is_quick_and_positive():
+    peaks = devices.probe_device("cpu", torch.float32, budget_s=0.2)
+    assert peaks.flops_per_s > 1e8 and peaks.bytes_per_s > 1e8 and peaks.source == "probe"
+
+
+def test_probe_can_be_disabled_by_environment():
+    peaks = device_peaks("cpu")
+    assert peaks.source == "default"
+
+
+def test_profile_round_trips_keyed_by_device_and_model(tmp_path):
+    path = tmp_path / "profiles.json"
+    cfg = tiny_config("qwen3")
+    params = RooflineParams(1.4, 2e-3, 1.1, 3e-3)
+    model = RooflineLatency(model_config=cfg, device="cpu", params=params, peak_flops=5e10, bandwidth=8e9, profile=path)
+    model.save_profile()
+    other = RooflineLatency(model_config=tiny_config("qwen3", hidden_size=128), device="cpu", params=params, profile=path)
+    other.save_profile()
+    data = json.loads(path.read_text())
+    assert len(data["profiles"]) == 2
+    loaded = RooflineLatency(model_config=cfg, device="cpu", profile=path)
+    assert loaded.params == params
+    assert loaded.peaks.flops_per_s == pytest.approx(5e10) and loaded.peaks.source == "profile"
+    assert loaded.predict(7, 30) == pytest.approx(model.predict(7, 30))
+    fresh = RooflineLatency(model_config=tiny_config("qwen3", num_hidden_layers=3), device="cpu", profile=path)
+    assert fresh.params == fresh.prior and fresh.params != params  # no profile for that model
+
+
+def test_malformed_profile_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(InvalidInputError, match="not valid JSON"):
+        RooflineLatency(model_config=tiny_config("qwen3"), device="cpu", profile=path)
+
+
+def test_registry_creates_roofline_with_the_pipelines_options():
+    assert "roofline" in bastion.registry.names("latency_model")
+    model = bastion.registry.create("latency_model", "roofline", model_config=tiny_config("qwen3"), device="cpu")
+    assert isinstance(model, RooflineLatency) and model.predict(4, 10) > 0
+    with pytest.raises(InvalidInputError):
+        bastion.registry.create("latency_model", "roofline", device="cpu")
+    with pytest.raises(InvalidInputError):
+        RooflineLatency(model_config=tiny_config("qwen3"), half_life=0.0)
+
+
+def test_warmup_probe_feeds_observations_and_fits():
+    cost = ModelCost.from_config(tiny_config("qwen3"))
+    model = RooflineLatency(cost=cost, device="cpu", peak_flops=1e9, bandwidth=1e9, profile=None)
+    planted = RooflineParams(2.0, 1e-3, 1.5, 2e-3)
+
+    def measure(n: int, c: int) -> float:
+        x_c, x_m = model.ideal_times(np.array([n]), c)
+        return float(planted.predict(x_c, x_m)[0])
+
+    fit = model.warmup(measure, sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), context_lens=(0, 200))
+    assert fit is not None and fit.median_rel_error < 0.01
+    assert model.n_observations == 18
+    for n in (1, 16, 256):
+        assert model.predict(n, 100) == pytest.approx(measure(n, 100), rel=0.02)
