@@ -659,7 +659,7 @@ class DFlashDraftModel(nn.Module):
         """Logits ``[N, B - 1, V]`` for mask slots 1..B-1 of blocks ``block_ids`` [N, B], using the
         target's embedding ``embed`` and lm head ``head`` (see :meth:`forward` for the other arguments)."""
         emb = embed(block_ids)  # [N, B, H]
-        hidden = self.forward(emb, block_positions, target_features, context_positions, context_mask, past_context)
+        hidden = self(emb, block_positions, target_features, context_positions, context_mask, past_context)
         head_dtype = _module_dtype(head, hidden.dtype)
         return head(hidden[:, 1:].to(head_dtype))
 
