@@ -14,6 +14,8 @@ from bastion import __version__
 
 COMMAND_MODULES: tuple[str, ...] = (
     "bastion.cli.plugins_cmd",
+    "bastion.cli.train_cmd",
+    "bastion.cli.bench_cmd",
 )
 
 

@@ -1,0 +1,45 @@
+"""Shared training-loop pieces: seeding, learning-rate schedule, resumable checkpoints, progress."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["seed_everything", "lr_at", "save_checkpoint", "load_checkpoint", "set_threads"]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def set_threads(threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(int(threads))
+
+
+def lr_at(step: int, *, peak: float, warmup: int, total: int, floor: float = 0.1) -> float:
+    """Linear warm-up to ``peak`` over ``warmup`` steps, then cosine decay to ``floor * peak`` at ``total``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+
+def save_checkpoint(path: Path, **state: Any) -> None:
+    """Atomically write a training checkpoint (``torch.save`` of ``state``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False)
