@@ -381,12 +381,20 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
-        inv_freq, scale = _rope_inv_freq(config)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D / 2]
+        with torch.device("cpu"):
+            inv_freq, scale = _rope_inv_freq(config)
+        # kept in fp32 outside the module's buffers, so casting the model to bf16 never rounds it
+        self.inv_freq = inv_freq.float()  # [D / 2]
+        self._per_device: dict[torch.device, torch.Tensor] = {}
         self.scale = scale
 
+    def _freqs_on(self, device: torch.device) -> torch.Tensor:
+        if device not in self._per_device:
+            self._per_device[device] = self.inv_freq.to(device)
+        return self._per_device[device]
+
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[..., None] * self.inv_freq.to(positions.device)  # [..., S, D/2]
+        freqs = positions.float()[..., None] * self._freqs_on(positions.device)  # [..., S, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [..., S, D]
         return (emb.cos() * self.scale).to(dtype), (emb.sin() * self.scale).to(dtype)
 
@@ -681,8 +689,8 @@ class DFlashDraftModel(nn.Module):
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = torch.float32,
     ) -> "DFlashDraftModel":
-        """Load a DFlash checkpoint from a local directory or a hub id. Missing or unexpected weight keys
-        raise :class:`IncompatibleComponentsError` listing them."""
+        """Load a DFlash checkpoint from a local directory or a hub id (``dtype=None`` keeps the stored
+        dtype). Missing or unexpected weight keys raise :class:`IncompatibleComponentsError` listing them."""
         directory = resolve_checkpoint_dir(path)
         config = DFlashConfig.from_dict(json.loads((directory / CONFIG_NAME).read_text()))
         with torch.device("meta"):
@@ -705,11 +713,8 @@ class DFlashDraftModel(nn.Module):
         ]
         if shapes:
             raise IncompatibleComponentsError(f"DFlash checkpoint {path} has weights of the wrong shape: " + "; ".join(shapes))
-        model = model.to_empty(device=device)
+        model = model.to_empty(device=device).to(dtype=dtype or state["fc.weight"].dtype)
         model.load_state_dict(state, strict=True)
-        model.rotary = RotaryEmbedding(config).to(device)  # buffers are not in the checkpoint
-        if dtype is not None:
-            model = model.to(dtype=dtype)
         return model.eval()
 
 
