@@ -110,7 +110,7 @@ def fit_roofline(
     assert best is not None
     params = best[1]
     rel = (params.predict(xc, xm) - tt) / tt
-    scale = _robust_scale(rel, w)
+    scale = _robust_scale(rel)
     return FitResult(
         params=params,
         median_rel_error=float(_weighted_median(np.abs(rel), w)),
@@ -133,7 +133,7 @@ def _alternate(
         pc = params.a_c * xc + params.b_c
         pm = params.a_m * xm + params.b_m
         rel = (np.maximum(pc, pm) - t) / t
-        robust = 1.0 / (1.0 + (rel / (_CAUCHY_C * _robust_scale(rel, w))) ** 2)
+        robust = 1.0 / (1.0 + (rel / (_CAUCHY_C * _robust_scale(rel))) ** 2)
         new_mask = pc > pm
         if np.array_equal(new_mask, mask):
             break
@@ -210,8 +210,9 @@ def _combine(
     return RooflineParams(a_c, b_c, a_m, b_m)
 
 
-def _robust_scale(rel: np.ndarray, w: np.ndarray) -> float:
-    return max(1.4826 * _weighted_median(np.abs(rel), w), 1e-3)
+def _robust_scale(rel: np.ndarray) -> float:
+    """Median absolute deviation of relative residuals, as a normal-consistent scale (floor 0.1%)."""
+    return max(1.4826 * float(np.median(np.abs(rel))), 1e-3)
 
 
 def _weighted_median(x: np.ndarray, w: np.ndarray) -> float:

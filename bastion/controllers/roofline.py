@@ -65,7 +65,7 @@ class RooflineLatency(LatencyModel):
         profile: str | Path | None | Literal["auto"] = "auto",
         half_life: float = 128.0,
         window: int = 512,
-        refit_every: int = 16,
+        refit_every: int = 32,
         min_observations: int = 6,
         online: bool = True,
     ) -> None:
@@ -174,7 +174,7 @@ class RooflineLatency(LatencyModel):
             weights,
             prior=self.prior,
             init=self.params,
-            starts=7 if self._count <= 64 else 3,
+            starts=7 if self._count <= 64 else 2,
         )
         self.params = fit.params
         self.last_fit = fit
