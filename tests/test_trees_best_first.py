@@ -124,3 +124,29 @@ def test_best_first_handles_half_precision_marginals() -> None:
     tree16.validate(vocab_size=50)
     assert tree16.log_scores.dtype == torch.float32
     assert tree16.accept_score() == pytest.approx(tree32.accept_score(), rel=1e-2)
+
+
+@given(m=medium_marginals(distinct=True), max_nodes=st.integers(1, 80), probe_k=st.integers(1, 4))
+def test_best_first_probe_width_never_changes_the_tree(m: Marginals, max_nodes: int, probe_k: int) -> None:
+    probed = BestFirstBuilder(probe_k=probe_k).build(m, root_token=0, max_nodes=max_nodes)
+    full = BestFirstBuilder(probe_k=None).build(m, root_token=0, max_nodes=max_nodes)
+    assert torch.equal(probed.tokens, full.tokens) and torch.equal(probed.parents, full.parents)
+    assert torch.equal(probed.log_scores, full.log_scores)
+
+
+@given(m=small_marginals(), max_nodes=st.integers(1, 40), probe_k=st.integers(1, 2))
+def test_best_first_with_a_narrow_probe_still_matches_brute_force(m: Marginals, max_nodes: int, probe_k: int) -> None:
+    curve = BestFirstBuilder(probe_k=probe_k).build(m, root_token=0, max_nodes=max_nodes).accept_curve().tolist()
+    best = brute_force_best(m)
+    assert curve == pytest.approx(best[: len(curve)], rel=1e-5, abs=1e-6)
+
+
+def test_best_first_probe_result_reports_cut_siblings() -> None:
+    from bastion.trees.best_first import expand_best_first
+    from bastion.trees.common import top_candidates
+
+    m = Marginals.from_logits(torch.log(torch.tensor([[0.5, 0.3, 0.2]])))
+    cand = top_candidates(m.log_probs, 1, 2)  # ranks 0 and 1, where rank 1 is the sentinel
+    narrow = expand_best_first(cand, root_token=0, max_nodes=3, width=1)
+    assert narrow.cut_best == pytest.approx(math.log(0.3)) and not narrow.is_exact(3)
+    assert expand_best_first(cand, root_token=0, max_nodes=2, width=1).is_exact(2)

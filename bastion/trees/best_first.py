@@ -22,14 +22,48 @@ from bastion.core.tree import Tree
 from bastion.core.types import Marginals
 from bastion.trees.common import NEG_INF, Candidates, check_build_args, check_optional_positive, make_tree, top_candidates
 
-__all__ = ["BestFirstBuilder", "expand_best_first"]
+__all__ = ["BestFirstBuilder", "Expansion", "expand_best_first"]
 
 
-def expand_best_first(cand: Candidates, root_token: int, max_nodes: int) -> tuple[list[int], list[int], list[int], list[float]]:
-    """Run the best-first heap over host candidates; return (tokens, parents, depths, log scores) lists
-    of at most ``max_nodes`` nodes, root first, in non-increasing score order."""
+class Expansion:
+    """Host result of a best-first run: node lists plus what the run had to leave out."""
+
+    __slots__ = ("tokens", "parents", "depths", "scores", "cut_best")
+
+    def __init__(
+        self, tokens: list[int], parents: list[int], depths: list[int], scores: list[float], cut_best: float
+    ) -> None:
+        self.tokens = tokens
+        self.parents = parents
+        self.depths = depths
+        self.scores = scores
+        #: best score of a sibling the run could not push because it lay past the probed ranks (-inf: none)
+        self.cut_best = cut_best
+
+    def lists(self) -> tuple[list[int], list[int], list[int], list[float]]:
+        return self.tokens, self.parents, self.depths, self.scores
+
+    def is_exact(self, max_nodes: int) -> bool:
+        """True when no unprobed candidate could have entered the tree: the tree is full and every cut
+        sibling scores strictly below its last node."""
+        if self.cut_best == NEG_INF:
+            return True
+        return len(self.tokens) == max_nodes and self.cut_best < self.scores[-1]
+
+
+def expand_best_first(cand: Candidates, root_token: int, max_nodes: int, width: int | None = None) -> Expansion:
+    """Run the best-first heap over host candidates: at most ``max_nodes`` nodes, root first, in
+    non-increasing score order.
+
+    Only ranks ``< width`` (default: all of ``cand``) become nodes. When ``cand`` holds one more
+    column, it is a sentinel: the exact score of the first sibling past ``width`` is recorded in
+    :attr:`Expansion.cut_best` so the caller can tell whether probing more ranks could change the tree.
+    """
     values, tokens_at = cand.values, cand.tokens
-    n_depth, width = cand.depth, cand.width
+    n_depth = cand.depth
+    width = cand.width if width is None else min(width, cand.width)
+    has_sentinel = cand.width > width
+    cut_best = NEG_INF
     tokens = [root_token]
     parents = [-1]
     depths = [0]
@@ -51,12 +85,16 @@ def expand_best_first(cand: Candidates, root_token: int, max_nodes: int) -> tupl
             v = values[d][r + 1]
             if v != NEG_INF:
                 push(heap, (-(ps + v), d, r + 1, p, ps))
+        elif has_sentinel:  # the next sibling lies past the probed ranks: remember its score
+            cut = ps + values[d][width]
+            if cut > cut_best:
+                cut_best = cut
         if d + 1 < n_depth:  # first child: rank 0 one level deeper
             v = values[d + 1][0]
             if v != NEG_INF:
                 push(heap, (-(s + v), d + 1, 0, n, s))
         n += 1
-    return tokens, parents, depths, scores
+    return Expansion(tokens, parents, depths, scores, cut_best)
 
 
 class BestFirstBuilder(TreeBuilder):
@@ -68,23 +106,43 @@ class BestFirstBuilder(TreeBuilder):
     * ``top_k``: at most this many candidate tokens per depth (default ``min(max_nodes - 1, V)``; a
       larger value is clamped to the vocabulary size V). With a cap the tree is optimal among trees
       using only the top-k tokens of each depth.
+    * ``probe_k``: ranks fetched by the first, cheap top-k (default 128). When the heap would need a
+      rank past it (checked exactly with one extra sentinel rank), the build repeats with the full
+      top-k, so the result never depends on ``probe_k``; only the time does.
     """
 
-    def __init__(self, max_depth: int | None = None, top_k: int | None = None) -> None:
+    def __init__(self, max_depth: int | None = None, top_k: int | None = None, probe_k: int | None = 128) -> None:
         self.max_depth = check_optional_positive("max_depth", max_depth)
         self.top_k = check_optional_positive("top_k", top_k)
+        self.probe_k = check_optional_positive("probe_k", probe_k)
+
+    def _depth(self, marginals: Marginals) -> int:
+        return marginals.depth if self.max_depth is None else min(marginals.depth, self.max_depth)
+
+    def _full_k(self, marginals: Marginals, max_nodes: int) -> int:
+        k = max_nodes - 1 if self.top_k is None else min(self.top_k, max_nodes - 1)
+        return min(k, marginals.vocab_size)
 
     def candidates(self, marginals: Marginals, max_nodes: int) -> Candidates:
-        """Phase 1 (device): per-depth top-k candidates, one host transfer."""
-        depth = marginals.depth if self.max_depth is None else min(marginals.depth, self.max_depth)
-        k = max_nodes - 1 if self.top_k is None else min(self.top_k, max_nodes - 1)
-        return top_candidates(marginals.log_probs, depth, k)
+        """Phase 1 (device), full width: per-depth top-k candidates, one host transfer."""
+        return top_candidates(marginals.log_probs, self._depth(marginals), self._full_k(marginals, max_nodes))
+
+    def expand(self, marginals: Marginals, root_token: int, max_nodes: int) -> Expansion:
+        """Both phases, probing ``probe_k`` ranks first and falling back to the full top-k if needed."""
+        depth, k = self._depth(marginals), self._full_k(marginals, max_nodes)
+        if self.probe_k is not None and self.probe_k < k:
+            # probe_k ranks plus one sentinel rank
+            probe = top_candidates(marginals.log_probs, depth, self.probe_k + 1)
+            result = expand_best_first(probe, root_token, max_nodes, width=self.probe_k)
+            if result.is_exact(max_nodes):
+                return result
+        cand = top_candidates(marginals.log_probs, depth, k)
+        return expand_best_first(cand, root_token, max_nodes)
 
     def build(self, marginals: Marginals, root_token: int, max_nodes: int) -> Tree:
         root, n = check_build_args(marginals, root_token, max_nodes)
-        cand = self.candidates(marginals, n)
-        tokens, parents, depths, scores = expand_best_first(cand, root, n)
-        return make_tree(tokens, parents, depths, scores, marginals.log_probs.device)
+        result = self.expand(marginals, root, n)
+        return make_tree(*result.lists(), marginals.log_probs.device)
 
     def __repr__(self) -> str:
-        return f"BestFirstBuilder(max_depth={self.max_depth}, top_k={self.top_k})"
+        return f"BestFirstBuilder(max_depth={self.max_depth}, top_k={self.top_k}, probe_k={self.probe_k})"
