@@ -10,7 +10,7 @@ import pluggy
 import pytest
 
 import bastion
-from bastion.core.errors import DuplicateComponentError, UnknownComponentError
+from bastion.core.errors import DuplicateComponentError, PluginLoadError, UnknownComponentError
 from bastion.core.hookspecs import KINDS, hookimpl
 from bastion.core.registry import BLOCK_ENV, BUILTIN_PLUGINS, BUILTIN_SOURCE, PluginLoadWarning, Registry
 
@@ -184,3 +184,13 @@ def test_the_default_registry_is_reachable_as_bastion_registry():
     with warnings.catch_warnings():
         warnings.simplefilter("error", PluginLoadWarning)
         assert isinstance(bastion.registry.components(), list)
+
+
+def test_a_lazy_factory_that_cannot_be_imported_raises_an_error_naming_the_component_and_source():
+    reg = _isolated()
+    reg.register("verifier", "ghost", "no_such_module_anywhere.sub:Thing", source="ghost-dist", plugin="ghost_plugin")
+    with pytest.raises(PluginLoadError, match=r"verifier 'ghost' from ghost-dist \(ghost_plugin\).*ModuleNotFoundError"):
+        reg.create("verifier", "ghost")
+    reg.register("verifier", "bad-format", "no_colon_here")
+    with pytest.raises(PluginLoadError, match="must look like 'package.module:attribute'"):
+        reg.create("verifier", "bad-format")

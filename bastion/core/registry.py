@@ -23,7 +23,16 @@ from bastion.core import hookspecs
 from bastion.core.errors import DuplicateComponentError, PluginLoadError, UnknownComponentError
 from bastion.core.hookspecs import KINDS
 
-__all__ = ["ComponentInfo", "PluginFailure", "Registry", "registry", "BUILTIN_SOURCE", "BLOCK_ENV"]
+__all__ = [
+    "ComponentInfo",
+    "PluginFailure",
+    "PluginLoadWarning",
+    "Registry",
+    "registry",
+    "BUILTIN_SOURCE",
+    "BLOCK_ENV",
+    "ENTRY_POINT_GROUP",
+]
 
 ENTRY_POINT_GROUP = "bastion"
 BLOCK_ENV = "BASTION_BLOCK_PLUGINS"
@@ -102,7 +111,15 @@ class Registry:
     def create(self, kind: str, name: str, **options: Any) -> Any:
         """Instantiate component ``name`` of ``kind`` with keyword ``options``."""
         info = self.info(kind, name)
-        factory = _resolve(info.factory)
+        try:
+            factory = _resolve(info.factory)
+        except PluginLoadError:
+            raise
+        except Exception as exc:  # a lazy factory whose module or attribute is missing
+            raise PluginLoadError(
+                f"{kind} {name!r} from {info.source} ({info.plugin}) could not be imported from "
+                f"{info.factory!r}: {type(exc).__name__}: {exc}"
+            ) from exc
         return factory(**options)
 
     def components(self) -> list[ComponentInfo]:
