@@ -15,7 +15,9 @@ from bastion import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "bastion.cli.plugins_cmd",
     "bastion.cli.train_cmd",
+    "bastion.cli.generate_cmd",
     "bastion.cli.bench_cmd",
+    "bastion.cli.calibrate_cmd",
 )
 
 

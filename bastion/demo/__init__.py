@@ -1,0 +1,34 @@
+"""The embedded demo pair: a small Qwen3 target (with its tokenizer) and a DFlash drafter trained for it
+with ``bastion train`` (see ``docs/demo-model.md``). Both ship inside the package as float16 safetensors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from bastion.core.errors import InvalidInputError
+
+__all__ = ["DemoPaths", "demo_paths", "ASSETS_DIR"]
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+
+
+@attrs.frozen
+class DemoPaths:
+    """Local directories of the demo target (loads with ``from_pretrained``, tokenizer included) and
+    drafter (DFlash checkpoint format)."""
+
+    target: Path
+    drafter: Path
+
+
+def demo_paths(root: Path | None = None) -> DemoPaths:
+    """Paths of the shipped demo pair (``root`` overrides the assets folder, e.g. a fresh export)."""
+    base = Path(root) if root is not None else ASSETS_DIR
+    paths = DemoPaths(target=base / "target", drafter=base / "drafter")
+    for name, p in (("target", paths.target), ("drafter", paths.drafter)):
+        if not (p / "config.json").is_file():
+            raise InvalidInputError(f"demo {name} not found at {p}; reinstall bastion or run `bastion train all`")
+    return paths
