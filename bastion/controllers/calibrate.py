@@ -1,0 +1,179 @@
+"""Measure a target's verify-latency curve on the current device and fit the roofline model to it.
+
+Used by ``bastion calibrate``; also callable from Python::
+
+    from bastion.controllers.calibrate import calibrate
+    result = calibrate(target, sizes=(1, 4, 16, 64), context_lens=(64, 512))
+    result.model.save_profile()        # later pipelines on this device and model start from it
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+from attrs import field, frozen
+
+from bastion.controllers.fit import FitResult
+from bastion.controllers.roofline import RooflineLatency
+from bastion.core.errors import InvalidInputError
+from bastion.core.target import Target
+from bastion.core.tree import Tree
+
+__all__ = ["CalibrationPoint", "CalibrationResult", "measure_verify_curve", "calibrate", "plot_calibration"]
+
+#: children per node of the probe trees: bushy, so that even large trees stay shallow
+_BRANCHING = 4
+
+
+@frozen
+class CalibrationPoint:
+    n_tokens: int
+    context_len: int
+    seconds: float  # median over repeats
+
+
+@frozen
+class CalibrationResult:
+    model: RooflineLatency = field(eq=False)
+    points: tuple[CalibrationPoint, ...] = field(converter=tuple)
+    fit: FitResult | None
+
+    def rel_errors(self) -> np.ndarray:
+        """|model - measured| / measured per point [P]."""
+        pred = np.array([self.model.predict(p.n_tokens, p.context_len) for p in self.points])
+        meas = np.array([p.seconds for p in self.points])
+        return np.abs(pred - meas) / meas
+
+
+def probe_tree(n: int, vocab_size: int, generator: torch.Generator) -> Tree:
+    """A bushy tree of ``n`` nodes with random tokens (verify cost depends on n, not on the tokens)."""
+    tokens = torch.randint(0, vocab_size, (n,), generator=generator)
+    parents = [-1] + [(i - 1) // _BRANCHING for i in range(1, n)]
+    return Tree.from_parents(tokens, parents)
+
+
+def _bushy_depth(n: int) -> int:
+    depth, level, total = 0, 1, 1
+    while total < n:
+        level *= _BRANCHING
+        total += level
+        depth += 1
+    return depth
+
+
+def measure_verify_curve(
+    target: Target,
+    sizes: Iterable[int] = (1, 2, 4, 8, 16, 32, 64, 128),
+    context_lens: Iterable[int] = (64, 512),
+    *,
+    repeats: int = 3,
+    warmup: int = 2,
+    seed: int = 0,
+) -> list[tuple[int, int, list[float]]]:
+    """Time ``target.forward_tree`` for every (size, context) that fits; returns (n, c, [seconds...])."""
+    sizes = sorted({int(n) for n in sizes})
+    contexts = sorted({int(c) for c in context_lens})
+    if not sizes or sizes[0] < 1 or not contexts or contexts[0] < 1:
+        raise InvalidInputError("calibration needs tree sizes >= 1 and context lengths >= 1")
+    if repeats < 1 or warmup < 0:
+        raise InvalidInputError("repeats must be >= 1 and warmup >= 0")
+    gen = torch.Generator().manual_seed(seed)
+    sync = (lambda: torch.cuda.synchronize(target.device)) if target.device.type == "cuda" else (lambda: None)
+    results: list[tuple[int, int, list[float]]] = []
+    for c in contexts:
+        growth = warmup + len(sizes) * (1 + repeats)  # each forward commits its root: the context grows by one
+        fitting = [n for n in sizes if c + growth + _bushy_depth(n) + 1 < target.max_positions]
+        if not fitting:
+            continue
+        target.reset()
+        target.prefill(torch.randint(0, target.vocab_size, (1, c), generator=gen))
+        for i, n in enumerate(fitting):
+            tree = probe_tree(n, target.vocab_size, gen)
+            times = []
+            for r in range(warmup + repeats if i == 0 else 1 + repeats):  # warm the kernels once per context
+                sync()
+                t0 = time.perf_counter()
+                target.forward_tree(tree)
+                sync()
+                elapsed = time.perf_counter() - t0
+                ctx = target.context_len
+                target.commit(torch.zeros(1, dtype=torch.long))  # keep the root: context grows by one
+                if r >= (warmup if i == 0 else 1):
+                    times.append(elapsed)
+            results.append((n, ctx, times))
+    target.reset()
+    if not results:
+        raise InvalidInputError(f"no (size, context) pair fits the target's {target.max_positions} positions")
+    return results
+
+
+def calibrate(
+    target: Target,
+    sizes: Iterable[int] = (1, 2, 4, 8, 16, 32, 64, 128),
+    context_lens: Iterable[int] = (64, 512),
+    *,
+    repeats: int = 3,
+    warmup: int = 2,
+    profile: str | Path | None = None,
+    probe: bool | None = None,
+) -> CalibrationResult:
+    """Measure the verify curve of ``target`` and fit a fresh :class:`RooflineLatency` to it (built the
+    way a pipeline builds it, so a saved profile matches). Nothing is saved here."""
+    curve = measure_verify_curve(target, sizes, context_lens, repeats=repeats, warmup=warmup)
+    model = RooflineLatency(
+        model_config=target.config,
+        device=str(target.device),
+        profile=None,
+        probe=probe,
+        window=max(512, sum(len(t) for _, _, t in curve)),
+    )
+    if profile is not None:
+        model.profile_path = Path(profile)
+    for n, c, times in curve:
+        for s in times:
+            model.observe(n, c, s)
+    fit = model.refit()
+    points = tuple(CalibrationPoint(n, c, statistics.median(t)) for n, c, t in curve)
+    return CalibrationResult(model, points, fit)
+
+
+def plot_calibration(result: CalibrationResult, path: str | Path) -> Path:
+    """Write a PNG of measured (dots) vs modelled (lines) verify latency per context length."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InvalidInputError(
+            "writing the calibration plot needs matplotlib: pip install 'bastion[plot]' (or pass --no-plot)"
+        ) from None
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    by_ctx: dict[int, list[CalibrationPoint]] = {}
+    for p in result.points:
+        by_ctx.setdefault(p.context_len, []).append(p)
+    for i, (ctx, pts) in enumerate(sorted(by_ctx.items())):
+        color = f"C{i % 10}"
+        ns = np.array([p.n_tokens for p in pts])
+        ax.plot(ns, [p.seconds * 1e3 for p in pts], "o", color=color, label=f"measured, context {ctx}")
+        grid = np.unique(np.geomspace(ns.min(), ns.max(), 64).round().astype(np.int64))
+        model = result.model.predict_many(torch.from_numpy(grid), ctx).numpy() * 1e3
+        ax.plot(grid, model, "-", color=color, alpha=0.8, label=f"model, context {ctx}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tree tokens verified (n)")
+    ax.set_ylabel("verify latency (ms)")
+    err = result.rel_errors()
+    ax.set_title(f"{result.model.device_label}: median error {np.median(err):.1%}, max {err.max():.1%}", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
