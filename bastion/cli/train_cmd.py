@@ -18,7 +18,7 @@ SMOKE_LIMIT = 12  # documents per source in --smoke runs
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", type=Path, default=None, help="shared data folder (default: $BASTION_DATA or ../shared/data)")
+    p.add_argument("--data-dir", type=Path, default=None, help="shared data folder (default: $BASTION_DATA_DIR, ./data or ../shared/data)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and a corpus slice: the recipe end to end in seconds")

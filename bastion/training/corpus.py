@@ -46,14 +46,20 @@ class Document:
 
 
 def default_data_dir() -> Path:
-    """``$BASTION_DATA`` if set, else ``../shared/data`` next to the current directory."""
-    env = os.environ.get("BASTION_DATA")
-    return Path(env) if env else Path("..") / "shared" / "data"
+    """``$BASTION_DATA_DIR`` if set, else the first of ``./data`` and ``../shared/data`` holding GSM8K
+    (relative to the working directory), else ``./data``: the same lookup ``bastion bench`` uses."""
+    env = os.environ.get("BASTION_DATA_DIR")
+    if env:
+        return Path(env)
+    for cand in (Path("data"), Path("..") / "shared" / "data"):
+        if (cand / "gsm8k" / "train.jsonl").exists():
+            return cand
+    return Path("data")
 
 
 def _require(path: Path) -> Path:
     if not path.exists():
-        raise InvalidInputError(f"training data not found: {path} (set --data-dir or $BASTION_DATA)")
+        raise InvalidInputError(f"training data not found: {path} (set --data-dir or $BASTION_DATA_DIR)")
     return path
 
 
