@@ -69,9 +69,15 @@ class Marginals:
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
             raise InvalidInputError(f"temperature must be a finite number > 0, got {temperature!r}")
         x = logits.float()
-        if bool(torch.isnan(x).any()) or bool(torch.isposinf(x).any()):
+        # one reduction pass and one host transfer: amax propagates NaN, is +inf iff the row holds +inf,
+        # and is -inf iff the whole row is -inf
+        row_max = x.amax(dim=-1)  # [K]
+        bad_nan, bad_pos, bad_neg = torch.stack(
+            (torch.isnan(row_max).any(), torch.isposinf(row_max).any(), torch.isneginf(row_max).any())
+        ).tolist()
+        if bad_nan or bad_pos:
             raise InvalidInputError("logits contain NaN or +inf values")
-        if bool(torch.isneginf(x).all(dim=-1).any()):
+        if bad_neg:
             raise InvalidInputError("a row of logits is entirely -inf (no token is possible at that depth)")
         if temperature != 1.0:
             x = x / temperature
