@@ -111,3 +111,8 @@ def test_a_greedy_beam_of_width_one_is_not_optimal_where_best_first_is() -> None
     assert best.accept_score() == pytest.approx(1 + 0.6 + 0.4)
     beam = BeamBuilder(top_k=1, beam_width=1).build(m, root_token=0, max_nodes=3)
     assert beam.accept_score() == pytest.approx(1 + 0.6 + 0.3)
+
+
+def test_beam_needs_a_top_k_and_a_beam_width() -> None:
+    with pytest.raises(InvalidInputError, match="top_k and beam_width"):
+        BeamBuilder(top_k=None)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ is not always A_hat-optimal; it is here as a baseline.
 
 from __future__ import annotations
 
+from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import TreeBuilder
 from bastion.core.tree import Tree
 from bastion.core.types import Marginals
@@ -22,16 +23,16 @@ class BeamBuilder(TreeBuilder):
     (default 10), ``max_depth`` (default: the marginals' depth K)."""
 
     def __init__(self, top_k: int = 10, beam_width: int = 10, max_depth: int | None = None) -> None:
-        self.top_k = check_optional_positive("top_k", top_k)
-        self.beam_width = check_optional_positive("beam_width", beam_width)
+        if top_k is None or beam_width is None:
+            raise InvalidInputError("the beam builder needs top_k and beam_width (ints >= 1), got None")
+        self.top_k: int = check_optional_positive("top_k", top_k)  # type: ignore[assignment]
+        self.beam_width: int = check_optional_positive("beam_width", beam_width)  # type: ignore[assignment]
         self.max_depth = check_optional_positive("max_depth", max_depth)
-        if self.top_k is None or self.beam_width is None:
-            raise ValueError("top_k and beam_width need values")  # unreachable: defaults are ints
 
     def build(self, marginals: Marginals, root_token: int, max_nodes: int) -> Tree:
         root, n = check_build_args(marginals, root_token, max_nodes)
         depth = marginals.depth if self.max_depth is None else min(marginals.depth, self.max_depth)
-        cand = top_candidates(marginals.log_probs, depth if n > 1 else 0, self.top_k)  # type: ignore[arg-type]
+        cand = top_candidates(marginals.log_probs, depth if n > 1 else 0, self.top_k)
         # pool entries: (score, depth, rank, parent pool index or -1 for the root)
         pool: list[tuple[float, int, int, int]] = []
         frontier: list[tuple[float, int]] = [(0.0, -1)]  # (score, pool index)
