@@ -116,3 +116,13 @@ def test_a_greedy_beam_of_width_one_is_not_optimal_where_best_first_is() -> None
 def test_beam_needs_a_top_k_and_a_beam_width() -> None:
     with pytest.raises(InvalidInputError, match="top_k and beam_width"):
         BeamBuilder(top_k=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", BUILDERS)
+def test_trees_live_on_the_device_of_the_marginals(name: str) -> None:
+    lp = torch.log_softmax(torch.randn(6, 1000, device="cuda"), dim=-1)
+    tree = bastion.registry.create("tree_builder", name).build(Marginals(lp), root_token=3, max_nodes=64)
+    assert all(t.device.type == "cuda" for t in (tree.tokens, tree.parents, tree.depths, tree.log_scores))
+    cpu = bastion.registry.create("tree_builder", name).build(Marginals(lp.cpu()), root_token=3, max_nodes=64)
+    assert tree.accept_score() == pytest.approx(cpu.accept_score(), rel=1e-5)
