@@ -53,6 +53,7 @@ def _drafter_opts(r: argparse.ArgumentParser) -> None:
     r.add_argument("--anchors", type=int, default=32, help="anchors (blocks) per sequence")
     r.add_argument("--seqs-per-step", type=int, default=4)
     r.add_argument("--gamma", type=float, default=7.0, help="slot-loss decay: weight exp(-(k-1)/gamma)")
+    r.add_argument("--mask-token-id", type=int, default=None, help="drafter mask token (default: the tokenizer's mask token)")
     r.add_argument("--heldout-seqs", type=int, default=48, help="distilled sequences kept out for evaluation")
 
 
@@ -214,7 +215,12 @@ def run_drafter(args: argparse.Namespace) -> int:
     k = max(2, len(seqs) // max(1, n_held))
     held = [s for i, s in enumerate(seqs) if i % k == k - 1][:n_held]
     train = [s for i, s in enumerate(seqs) if not (i % k == k - 1 and i // k < n_held)]
-    train_drafter(target, train, held, cfg, tok.mask_token_id, args.out)
+    mask_id = args.mask_token_id if args.mask_token_id is not None else tok.mask_token_id
+    if mask_id is None:
+        from bastion.core.errors import InvalidInputError
+
+        raise InvalidInputError("the tokenizer has no mask token; pass --mask-token-id")
+    train_drafter(target, train, held, cfg, mask_id, args.out)
     return 0
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "load_documents",
     "split_documents",
     "distill_prompts",
+    "render_prompt",
     "heldout_prompts",
 ]
 
@@ -139,17 +140,29 @@ def _code_prefixes(limit: int | None) -> Iterator[str]:
 
 
 def distill_prompts(data_dir: Path, *, per_source: int) -> list[tuple[str, str]]:
-    """``(source, prompt text)`` pairs from the TRAINING sources, for the target's own continuations."""
+    """``(source, text)`` pairs from the TRAINING sources, for the target's own continuations: raw code
+    snippets for ``code``, bare questions / instructions for ``math`` and ``chat`` (render them with
+    :func:`render_prompt`)."""
     prompts: list[tuple[str, str]] = [("code", p) for p in _code_prefixes(per_source)]
-    prompts += [("math", prompt_text(r["question"])) for r in _gsm8k(data_dir, "train")[:per_source]]
+    prompts += [("math", r["question"]) for r in _gsm8k(data_dir, "train")[:per_source]]
     seen: set[str] = set()
     chat: list[tuple[str, str]] = []
     for r in _alpaca(data_dir):
         if r["instruction"] not in seen:
             seen.add(r["instruction"])
-            chat.append(("chat", prompt_text(r["instruction"])))
+            chat.append(("chat", r["instruction"]))
     prompts += chat[:per_source]
     return prompts
+
+
+def render_prompt(tokenizer, source: str, text: str) -> str:
+    """Code is continued as it is; questions become one user turn under the tokenizer's chat template
+    (the demo format when the tokenizer has none)."""
+    if source == "code":
+        return text
+    if getattr(tokenizer, "chat_template", None):
+        return str(tokenizer.apply_chat_template([{"role": "user", "content": text.strip()}], tokenize=False, add_generation_prompt=True))
+    return prompt_text(text)
 
 
 def heldout_prompts(data_dir: Path, *, per_domain: int = 10) -> list[tuple[str, str]]:

@@ -39,7 +39,7 @@ class DistillSequence:
 @torch.no_grad()
 def _generate_batch(model, tokenizer, texts: Sequence[str], cfg: DistillConfig) -> list[tuple[list[int], list[int]]]:
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    prompts = [tokenizer.encode(t)[-cfg.max_prompt_tokens :] for t in texts]
+    prompts = [tokenizer.encode(t, add_special_tokens=False)[-cfg.max_prompt_tokens :] for t in texts]
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # [b, W] left-padded
     attn = torch.zeros_like(ids)
@@ -64,7 +64,10 @@ def _generate_batch(model, tokenizer, texts: Sequence[str], cfg: DistillConfig) 
 
 
 def generate_continuations(model, tokenizer, prompts: Sequence[tuple[str, str]], out_path: Path, cfg: DistillConfig = DistillConfig()) -> list[DistillSequence]:
-    """Greedy continuations of ``(source, prompt text)`` pairs, resumable via ``out_path``."""
+    """Greedy continuations of ``(source, text)`` pairs (rendered with
+    :func:`bastion.training.corpus.render_prompt`), resumable via ``out_path``."""
+    from bastion.training.corpus import render_prompt
+
     out_path = Path(out_path)
     state = load_checkpoint(out_path) or {"done": 0, "rows": []}
     rows: list[dict] = state["rows"]
@@ -72,7 +75,7 @@ def generate_continuations(model, tokenizer, prompts: Sequence[tuple[str, str]],
     bar = tqdm(total=len(prompts), initial=state["done"], desc="distill", mininterval=10.0)
     for start in range(state["done"], len(prompts), cfg.batch_size):
         chunk = prompts[start : start + cfg.batch_size]
-        for (source, _), (p, new) in zip(chunk, _generate_batch(model, tokenizer, [t for _, t in chunk], cfg)):
+        for (source, _), (p, new) in zip(chunk, _generate_batch(model, tokenizer, [render_prompt(tokenizer, src, t) for src, t in chunk], cfg)):
             if new:
                 rows.append({"source": source, "ids": p + new, "prompt_len": len(p)})
         save_checkpoint(out_path, done=start + len(chunk), rows=rows)
