@@ -94,8 +94,8 @@ def plot_acceptance_vs_budget(run: BenchRun, path: Path) -> Path:
 
 
 def plot_latency_fit(run: BenchRun, path: Path) -> Path | None:
-    """Measured verify times of the adaptive run vs budget, with the latency model's curve at the
-    median context length."""
+    """Measured verify times of every tree method vs budget, with the adaptive pipeline's latency
+    model curve at the median context length."""
     if run.latency is None or not run.latency.points or run.latency_model is None:
         return None
     plt = _plt()

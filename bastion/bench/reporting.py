@@ -161,7 +161,7 @@ def markdown_report(run: BenchRun) -> str:
     if run.latency is not None and run.latency.mean_abs_rel_error is not None:
         parts += [
             "",
-            f"Latency model fit on the adaptive run's verify steps: mean |relative error| "
+            f"Latency model (bastion's, as calibrated at the end of the run) against every measured verify step: mean |relative error| "
             f"{100 * run.latency.mean_abs_rel_error:.1f}% over {len(run.latency.points)} steps.",
         ]
     return "\n".join(parts) + "\n"

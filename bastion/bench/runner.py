@@ -71,7 +71,8 @@ QUICK = dict(limit=3, max_new_tokens=64, methods=default_methods((8, 32)), warmu
 
 @frozen
 class LatencyFit:
-    """The adaptive pipeline's latency model against the verify times measured in the run."""
+    """The adaptive pipeline's latency model (as calibrated at the end of the run) against the verify
+    times measured for every tree method of the run (all verify through the same target forward)."""
 
     points: list[tuple[int, int, float]] = field(eq=False)  # (budget, context_len, measured seconds)
     predicted: list[float] = field(eq=False)  # model prediction at each point
@@ -165,7 +166,7 @@ def run_bench(
     lat_model = getattr(adaptive, "latency_model", None)
     fit = None
     if lat_model is not None:
-        fit = fit_latency(lat_model, latency_points([r for r in runs if r.method == ADAPTIVE], exclude=()))
+        fit = fit_latency(lat_model, latency_points(runs, exclude=[s.name for s in specs if s.is_ar]))
     meta = {
         "device": str(target.device),
         "dtype": str(target.dtype).replace("torch.", ""),

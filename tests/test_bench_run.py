@@ -1,0 +1,236 @@
+"""``bastion bench`` end to end on a tiny random target with the no-training test drafter."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bastion.bench import runner as bench_runner
+from bastion.bench.methods import ARDecoder, FullTree, parse_method
+from bastion.bench.metrics import ALL_DATASETS, sweep_budget
+from bastion.bench.reporting import markdown_report, write_report
+from bastion.bench.runner import BenchConfig, run_bench
+from bastion.core.errors import InvalidInputError
+
+METHODS = ("ar", "chain", "static", "best-first@4", "best-first@8", "bastion")
+TREE_OPTIONS = {"static": {"branching": [2, 2, 1]}}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from bastion.core.hf_target import HFTarget
+    from bastion.testing.drafters import NoisyOracleDrafter
+    from bastion.testing.tiny import tiny_model
+
+    torch.set_num_threads(1)
+    model = tiny_model("qwen3", seed=0)
+    return HFTarget(model), NoisyOracleDrafter(model, block_size=4, noise=1.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    (root / "gsm8k").mkdir()
+    (root / "mt_bench").mkdir()
+    (root / "gsm8k" / "test.jsonl").write_text(
+        "".join(json.dumps({"question": q, "answer": "#### 0"}) + "\n" for q in ("2+2?", "3*3?", "unused")), encoding="utf-8"
+    )
+    (root / "mt_bench" / "question.jsonl").write_text(
+        "".join(json.dumps({"question_id": 81 + i, "turns": [t, "again"]}) + "\n" for i, t in enumerate(("Hi there", "Tell me"))),
+        encoding="utf-8",
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def calls(pair, data_dir: Path):
+    """Run the benchmark once, recording the order in which decoders are called."""
+    order: list[str] = []
+    real_build = bench_runner.build_decoder
+
+    def recording_build(spec, *args, **kwargs):
+        dec = real_build(spec, *args, **kwargs)
+        real_generate = dec.generate
+
+        def generate(*a, **k):
+            order.append(spec.name)
+            return real_generate(*a, **k)
+
+        dec.generate = generate  # type: ignore[method-assign]
+        return dec
+
+    cfg = BenchConfig(
+        datasets=("gsm8k", "mt_bench"), methods=METHODS, limit=2, max_new_tokens=10, max_nodes=8,
+        warmup_tokens=2, data_dir=str(data_dir), tree_options=TREE_OPTIONS,
+    )
+    mp = pytest.MonkeyPatch()
+    mp.setattr(bench_runner, "build_decoder", recording_build)
+    try:
+        target, drafter = pair
+        run = run_bench(cfg, target, drafter, None, progress=False)
+    finally:
+        mp.undo()
+    return run, order
+
+
+def test_every_method_runs_every_prompt_interleaved_in_rotated_order(calls) -> None:
+    run, order = calls
+    n = len(METHODS)
+    assert order[:n] == list(METHODS)  # the unrecorded warm-up, one call per method
+    measured = order[n:]
+    assert len(measured) == 4 * n
+    for i in range(4):  # prompt i: all methods back to back, starting i places further along
+        block = measured[i * n : (i + 1) * n]
+        assert block == list(METHODS[i % n :] + METHODS[: i % n])
+    assert len(run.runs) == 4 * n
+    assert {(r.method, r.dataset, r.prompt_id) for r in run.runs} == {
+        (m, d, p) for m in METHODS for d, p in [("gsm8k", "0"), ("gsm8k", "1"), ("mt_bench", "81"), ("mt_bench", "82")]
+    }
+
+
+def test_greedy_tree_methods_reproduce_ar_tokens_and_the_check_says_so(calls) -> None:
+    run, _ = calls
+    ar = {(r.dataset, r.prompt_id): r.tokens for r in run.runs if r.method == "ar"}
+    for r in run.runs:
+        assert r.tokens == ar[(r.dataset, r.prompt_id)], r.method
+        assert 1 <= len(r.tokens) <= 10
+    for s in run.stats:
+        assert s.equal_to_ref == (None if s.method == "ar" else s.prompts)
+
+
+def test_speedups_are_ratios_of_throughput_measured_in_the_same_run(calls) -> None:
+    run, _ = calls
+    for s in run.stats:
+        mine = [r for r in run.runs if r.method == s.method and (s.dataset == ALL_DATASETS or r.dataset == s.dataset)]
+        ref = [r for r in run.runs if r.method == "ar" and (s.dataset == ALL_DATASETS or r.dataset == s.dataset)]
+        tps = sum(len(r.tokens) for r in mine) / sum(r.result.wall_s for r in mine)
+        ref_tps = sum(len(r.tokens) for r in ref) / sum(r.result.wall_s for r in ref)
+        assert s.tokens_per_s == pytest.approx(tps)
+        assert s.speedup == pytest.approx(tps / ref_tps)
+        steps = [st for r in mine for st in r.result.steps]
+        assert s.acceptance_length == pytest.approx(sum(st.accepted + 1 for st in steps) / len(steps))
+
+
+def test_budgets_follow_each_method_and_the_summary_picks_the_sweeps_best(calls) -> None:
+    run, _ = calls
+    by = {(s.method, s.dataset): s for s in run.stats}
+    for ds in ("gsm8k", "mt_bench"):
+        assert set(by[("ar", ds)].budget_hist) == {1}
+        assert max(by[("best-first@4", ds)].budget_hist) <= 4
+        assert max(by[("best-first@8", ds)].budget_hist) <= 8
+        assert max(by[("bastion", ds)].budget_hist) <= 8  # max_nodes caps the adaptive tree
+        assert max(by[("chain", ds)].budget_hist) <= 5  # root + block of 4
+        assert max(by[("static", ds)].budget_hist) <= 1 + 2 + 4 + 4
+    for d in run.summary:
+        sweep = {sweep_budget(s.method): s.speedup for s in run.stats if s.dataset == d.dataset and sweep_budget(s.method)}
+        assert d.best_fixed_speedup == max(sweep.values())
+        assert sweep[d.best_fixed_budget] == d.best_fixed_speedup
+        assert d.bastion_speedup == by[("bastion", d.dataset)].speedup
+        assert d.beat_chain == (d.bastion_speedup > d.chain_speedup)
+    assert run.latency is not None and len(run.latency.points) == sum(
+        len(r.result.steps) for r in run.runs if r.method != "ar"
+    )
+
+
+def test_report_writes_markdown_json_csv_and_png_files(calls, tmp_path: Path) -> None:
+    run, _ = calls
+    files = write_report(run, tmp_path / "out")
+    names = {f.name for f in files}
+    assert {"results.md", "results.json", "stats.csv", "summary.csv", "prompts.csv"} <= names
+    assert {"speedup.png", "acceptance_vs_budget.png", "latency_fit.png", "stages.png"} <= names
+    for f in files:
+        assert f.is_file() and f.stat().st_size > 0
+        if f.suffix == ".png":
+            assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["config"]["methods"] == list(METHODS)
+    assert len(data["stats"]) == len(METHODS) * 3  # two datasets + "all"
+    assert len(data["prompts"]) == 4 * len(METHODS)
+    assert all(p["equal_to_ar"] in (True, None) for p in data["prompts"])
+    rows = list(csv.DictReader((tmp_path / "out" / "stats.csv").open()))
+    assert [(r["method"], r["dataset"]) for r in rows] == [(s.method, s.dataset) for s in run.stats]
+    md = markdown_report(run)
+    assert "| gsm8k | bastion |" in md and "matched best" in md
+    assert (tmp_path / "out" / "results.md").read_text() == md
+
+
+def test_ar_decoder_matches_hf_generate_and_the_target_interface_path(pair) -> None:
+    target, _ = pair
+    ids = torch.tensor([[5, 9, 17, 33]])
+    ref = target.model.generate(ids, max_new_tokens=12, do_sample=False)[0, 4:].tolist()
+    res = ARDecoder(target).generate(ids, max_new_tokens=12)
+    assert res.tokens == ref
+    generic = ARDecoder(target)
+    generic._model = None  # decode through Target.prefill / forward_tree / commit instead
+    assert generic.generate(ids, max_new_tokens=12).tokens == res.tokens
+    assert all(s.budget == 1 and s.accepted == 0 for s in res.steps)
+
+
+def test_method_names_parse_into_builders_and_controllers() -> None:
+    trees = ("best-first", "chain", "static", "beam")
+    assert parse_method("ar", known_trees=trees).is_ar
+    bf = parse_method("best-first@16", known_trees=trees)
+    assert (bf.tree_builder, bf.controller, dict(bf.controller_options), bf.max_nodes) == ("best-first", "fixed", {"budget": 16}, 16)
+    ours = parse_method("bastion", max_nodes=128, known_trees=trees)
+    assert (ours.tree_builder, ours.controller, ours.max_nodes) == ("best-first", "bastion", 128)
+    chain = parse_method("chain", known_trees=trees)
+    assert chain.controller is None and chain.tree_builder == "chain"
+    assert FullTree().choose(torch.zeros(7), 0, None, 0.0) == 7  # type: ignore[arg-type]
+    for bad, msg in (("nope", "unknown method"), ("best-first@x", "integer"), ("best-first@0", ">= 1"), ("", "empty")):
+        with pytest.raises(InvalidInputError, match=msg):
+            parse_method(bad, known_trees=trees)
+
+
+def test_config_rejects_runs_that_cannot_be_compared(pair, data_dir: Path) -> None:
+    target, drafter = pair
+    with pytest.raises(InvalidInputError, match="include 'ar'"):
+        run_bench(BenchConfig(methods=("chain",), data_dir=str(data_dir), datasets=("gsm8k",)), target, drafter, progress=False)
+    with pytest.raises(InvalidInputError, match="repeat"):
+        BenchConfig(methods=("ar", "ar"))
+    with pytest.raises(InvalidInputError, match="limit"):
+        BenchConfig(limit=0)
+
+
+def test_bench_command_runs_end_to_end_and_writes_its_outputs(pair, data_dir: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from bastion.cli import bench_cmd
+    from bastion.cli.main import main
+
+    seen = {}
+
+    def fake_load(target, drafter, device, dtype):
+        seen.update(target=target, drafter=drafter, device=device, dtype=dtype)
+        return (*pair, None)
+
+    monkeypatch.setattr(bench_cmd, "load_pair", fake_load)
+    out = tmp_path / "bench"
+    rc = main([
+        "bench", "--target", "T", "--drafter", "D", "--datasets", "gsm8k", "--data-dir", str(data_dir), "--limit", "1",
+        "--max-new-tokens", "6", "--methods", "ar,chain,best-first@4,bastion", "--max-nodes", "8",
+        "--warmup-tokens", "0", "--out", str(out), "--no-progress", "--no-plots",
+    ])
+    assert rc == 0
+    assert seen == {"target": "T", "drafter": "D", "device": "cpu", "dtype": "float32"}
+    stdout = capsys.readouterr().out
+    assert "| gsm8k | best-first@4 |" in stdout
+    data = json.loads((out / "results.json").read_text())
+    assert [s["method"] for s in data["stats"]] == ["ar", "chain", "best-first@4", "bastion"]
+    assert not list(out.glob("*.png"))
+
+
+def test_quick_flag_sets_a_short_run_and_explicit_flags_override_it() -> None:
+    from bastion.cli.main import build_parser
+    from bastion.cli.bench_cmd import build_config
+
+    args = build_parser().parse_args(["bench", "--quick"])
+    cfg = build_config(args)
+    assert cfg.limit == 3 and cfg.max_new_tokens == 64 and cfg.methods == ("ar", "chain", "static", "best-first@8", "best-first@32", "bastion")
+    args = build_parser().parse_args(["bench", "--quick", "--limit", "5", "--budgets", "2,4", "--tree-option", "static.branching=[3,1]"])
+    cfg = build_config(args)
+    assert cfg.limit == 5 and "best-first@2" in cfg.methods and dict(cfg.tree_options) == {"static": {"branching": [3, 1]}}
+    full = build_config(build_parser().parse_args(["bench"]))
+    assert full.limit == 10 and [sweep_budget(m) for m in full.methods if sweep_budget(m)] == [4, 8, 16, 32, 64]
