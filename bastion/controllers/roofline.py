@@ -121,8 +121,9 @@ class RooflineLatency(LatencyModel):
         self._count = 0
 
     # ------------------------------------------------------------------ prediction
-    def ideal_times(self, n_tokens: np.ndarray, context_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """Ideal compute and memory seconds ``(x_c, x_m)`` (arrays like ``n_tokens``) at the device peaks."""
+    def ideal_times(self, n_tokens: np.ndarray, context_len: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Ideal compute and memory seconds ``(x_c, x_m)`` at the device peaks; ``n_tokens`` [N] and
+        ``context_len`` (a scalar or an array [N]) broadcast together."""
         n = np.asarray(n_tokens, dtype=np.float64)
         m = context_len + n
         f_n, f_nm = self._coef_c
