@@ -48,7 +48,7 @@ def render_prompt(prompt: Prompt, tokenizer: Any = None, style: TemplateStyle = 
     if use_chat:
         if not _has_chat_template(tokenizer):
             raise InvalidInputError("template style 'chat' needs a tokenizer with a chat template")
-        text = prompt.text if tpl.instruction else tpl.plain.format(text=prompt.text)
+        text = prompt.text.strip() if tpl.instruction else tpl.plain.format(text=prompt.text)
         return str(
             tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
         )
