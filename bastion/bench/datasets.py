@@ -6,7 +6,8 @@ A dataset is named by a spec string ``NAME[=SOURCE]``:
   (``gsm8k/test.jsonl``, ``humaneval/HumanEval.jsonl.gz``, ``mt_bench/question.jsonl``);
 - ``gsm8k=path/to/file.jsonl``: a local JSONL (optionally gzipped) or JSON-array file in that format;
 - ``gsm8k=hf:openai/gsm8k:main@test``: a Hugging Face ``datasets`` id, optional config after ``:``
-  and split after ``@`` (needs the ``datasets`` package and network access).
+  and split after ``@`` (needs the ``datasets`` package and network access); ``gsm8k=hf`` uses the
+  public hub copy of that data set.
 
 Only benchmark splits are read (GSM8K test, HumanEval prompts, MT-bench first turns).
 """
