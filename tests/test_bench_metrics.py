@@ -135,3 +135,19 @@ def test_sweep_names_and_latency_points() -> None:
     assert len(pts) == 2 * 2 * (4 + 3 + 2 + 3)  # every non-ar step
     assert all(s == pytest.approx(0.03) for _, _, s in pts)
     assert {n for n, _, _ in pts} == {16, 8, 32, 4, 12}
+
+
+def test_cost_gap_splits_the_per_token_time_difference_by_stage() -> None:
+    from bastion.bench.metrics import cost_gap
+    from bastion.bench.reporting import targets_table
+
+    runs = [r for r in _runs() if r.method != "bastion"]
+    runs += [PromptRun("bastion", "gsm8k", pid, _result([2, 2, 2, 2], 10, wall=0.7)) for pid in ("0", "1")]
+    by = {(s.method, s.dataset): s for s in aggregate(runs)}
+    ours, chain = by[("bastion", "gsm8k")], by[("chain", "gsm8k")]
+    gap = cost_gap(ours, chain)
+    assert [k for k, _ in gap][0] == "other"  # same steps and stage times; only the unrecorded time differs
+    assert gap[0][1] == pytest.approx(2 * 0.1 / 24)
+    assert sum(d for _, d in gap) == pytest.approx(ours.wall_s / ours.new_tokens - chain.wall_s / chain.new_tokens)
+    table = targets_table(aggregate(runs), summarize(aggregate(runs)))
+    assert "| gsm8k | 1.00 missed | 0.86 missed | 0.57 missed | other +8.33 |" in table

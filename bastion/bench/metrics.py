@@ -30,6 +30,10 @@ __all__ = [
     "summarize",
     "latency_points",
     "MATCH_TOLERANCE",
+    "TARGET_ACCEPT_VS_CHAIN",
+    "TARGET_SPEEDUP_VS_CHAIN",
+    "cost_per_token",
+    "cost_gap",
 ]
 
 #: per-stage time split reported for every method (``prefill`` is the prompt pass, ``other`` includes
@@ -41,6 +45,10 @@ ALL_DATASETS = "all"
 
 #: bastion "matches" the best fixed budget when its speedup is at least this fraction below it
 MATCH_TOLERANCE = 0.03
+
+#: the paper's targets, scaled to CPU: bastion vs the chain on every dataset
+TARGET_ACCEPT_VS_CHAIN = 1.3
+TARGET_SPEEDUP_VS_CHAIN = 1.2
 
 _SWEEP = re.compile(r"^best-first@(\d+)$")
 
@@ -269,3 +277,16 @@ def latency_points(runs: Iterable[PromptRun], exclude: Sequence[str] = ("ar",)) 
         if r.method not in exclude
         for s in r.result.steps
     ]
+
+
+def cost_per_token(stats: MethodStats) -> dict[str, float]:
+    """Seconds per generated token spent in each stage (see :data:`STAGES`)."""
+    n = max(1, stats.new_tokens)
+    return {k: v / n for k, v in stats.stage_s.items()}
+
+
+def cost_gap(mine: MethodStats, other: MethodStats) -> list[tuple[str, float]]:
+    """Per-stage difference of seconds per token, ``mine - other``, largest extra cost first: what a
+    slower method pays for, stage by stage."""
+    a, b = cost_per_token(mine), cost_per_token(other)
+    return sorted(((k, a[k] - b[k]) for k in STAGES), key=lambda kv: kv[1], reverse=True)

@@ -10,7 +10,17 @@ from typing import Any, Iterable, Sequence
 import attrs
 
 from bastion.bench.methods import ADAPTIVE, AR
-from bastion.bench.metrics import ALL_DATASETS, MATCH_TOLERANCE, STAGES, DatasetSummary, MethodStats, stage_seconds
+from bastion.bench.metrics import (
+    ALL_DATASETS,
+    MATCH_TOLERANCE,
+    STAGES,
+    TARGET_ACCEPT_VS_CHAIN,
+    TARGET_SPEEDUP_VS_CHAIN,
+    DatasetSummary,
+    MethodStats,
+    cost_gap,
+    stage_seconds,
+)
 from bastion.bench.runner import BenchRun
 
 __all__ = [
@@ -19,6 +29,7 @@ __all__ = [
     "stages_table",
     "summary_table",
     "budget_table",
+    "targets_table",
     "to_json",
     "write_json",
     "write_csv",
@@ -113,6 +124,48 @@ def summary_table(summary: Sequence[DatasetSummary]) -> str:
     return _table(header, rows)
 
 
+def _gap_text(mine: MethodStats | None, other: MethodStats | None, top: int = 2) -> str:
+    if mine is None or other is None:
+        return "-"
+    gaps = [(k, d) for k, d in cost_gap(mine, other) if d > 0][:top]
+    if not gaps:
+        return "none"
+    return ", ".join(f"{k} +{1e3 * d:.2f}" for k, d in gaps)
+
+
+def targets_table(stats: Sequence[MethodStats], summary: Sequence[DatasetSummary]) -> str:
+    """Each dataset against the targets (acceptance and speedup vs chain, speedup vs the best fixed
+    budget), with the stages where bastion spends more time per token than chain and than the best
+    fixed budget (ms per generated token)."""
+    header = [
+        "dataset",
+        f"accept vs chain (>= {TARGET_ACCEPT_VS_CHAIN:.2f})",
+        f"speedup vs chain (>= {TARGET_SPEEDUP_VS_CHAIN:.2f})",
+        f"speedup vs best N (>= {1 - MATCH_TOLERANCE:.2f})",
+        "bastion extra ms/token vs chain",
+        "bastion extra ms/token vs best N",
+    ]
+
+    def mark(x: float | None, goal: float) -> str:
+        return "-" if x is None else f"{x:.2f} {'met' if x >= goal else 'missed'}"
+
+    rows = []
+    for d in summary:
+        by = {s.method: s for s in stats if s.dataset == d.dataset}
+        best = by.get(f"best-first@{d.best_fixed_budget}") if d.best_fixed_budget is not None else None
+        rows.append(
+            [
+                d.dataset,
+                mark(d.accept_vs_chain, TARGET_ACCEPT_VS_CHAIN),
+                mark(d.speedup_vs_chain, TARGET_SPEEDUP_VS_CHAIN),
+                mark(d.speedup_vs_best, 1 - MATCH_TOLERANCE),
+                _gap_text(by.get(ADAPTIVE), by.get("chain")),
+                _gap_text(by.get(ADAPTIVE), best),
+            ]
+        )
+    return _table(header, rows)
+
+
 def budget_table(stats: Sequence[MethodStats], method: str = ADAPTIVE, buckets: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256)) -> str:
     """Histogram of the budgets ``method`` chose, per dataset, in power-of-two buckets (N <= bucket)."""
     mine = [s for s in stats if s.method == method]
@@ -146,6 +199,10 @@ def markdown_report(run: BenchRun) -> str:
         "### Speedup over ar (same run) and acceptance length",
         "",
         summary_table(run.summary),
+        "",
+        "### Against the targets",
+        "",
+        targets_table(run.stats, run.summary),
         "",
         "### Per method and dataset",
         "",
