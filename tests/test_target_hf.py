@@ -11,6 +11,15 @@ from bastion.core import IncompatibleComponentsError, InvalidInputError, Tree
 from bastion.core.hf_target import HFTarget
 from bastion.testing.tiny import tiny_model
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread avoids spin-wait stalls on a loaded 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 ATOL = 1e-4
 
 
