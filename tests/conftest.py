@@ -10,6 +10,14 @@ settings.register_profile("dev", max_examples=20, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # tests use tiny tensors: one intra-op thread per worker avoids oversubscribing the cores
+    # (pytest -n 2 already runs two workers side by side)
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("BASTION_TEST_THREADS", "1")))
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory):
     from bastion.testing.tiny import save_tiny_target

@@ -252,7 +252,7 @@ class Pipeline:
         t0 = time.perf_counter()
         self.budget_controller.last_decision = None
         if max_depth < 1:  # one token left to emit (or no position left to draft into): a plain target step
-            tree = Tree.from_parents([root], [-1])
+            tree = Tree.from_parents(torch.tensor([root], device=self.target.device), [-1])
             n = 1
             t1 = t2 = t3 = time.perf_counter()
         else:
