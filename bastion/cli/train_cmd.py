@@ -39,7 +39,7 @@ def _target_opts(g: argparse.ArgumentParser) -> None:
 
 
 def _distill_opts(d: argparse.ArgumentParser) -> None:
-    d.add_argument("--per-source", type=int, default=600, help="prompts per source (code, math, chat)")
+    d.add_argument("--per-source", type=int, default=1500, help="prompts per source (code, math, chat)")
     d.add_argument("--max-new-tokens", type=int, default=192)
     d.add_argument("--gen-batch", type=int, default=32)
 
@@ -48,13 +48,13 @@ def _drafter_opts(r: argparse.ArgumentParser) -> None:
     r.add_argument("--draft-layers", type=int, default=2)
     r.add_argument("--block-size", type=int, default=16)
     r.add_argument("--target-layers", type=str, default=None, help="comma-separated target layer ids (default: all)")
-    r.add_argument("--draft-steps", type=int, default=1000)
+    r.add_argument("--draft-steps", type=int, default=2400)
     r.add_argument("--draft-lr", type=float, default=1e-3)
     r.add_argument("--anchors", type=int, default=32, help="anchors (blocks) per sequence")
     r.add_argument("--seqs-per-step", type=int, default=4)
     r.add_argument("--gamma", type=float, default=7.0, help="slot-loss decay: weight exp(-(k-1)/gamma)")
     r.add_argument("--mask-token-id", type=int, default=None, help="drafter mask token (default: the tokenizer's mask token)")
-    r.add_argument("--heldout-seqs", type=int, default=48, help="distilled sequences kept out for evaluation")
+    r.add_argument("--heldout-seqs", type=int, default=96, help="distilled sequences kept out for evaluation")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

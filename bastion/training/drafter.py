@@ -42,7 +42,7 @@ class DrafterTrainConfig:
     intermediate_size: int | None = None
     anchors_per_seq: int = attrs.field(default=32, validator=_pos)
     seqs_per_step: int = attrs.field(default=4, validator=_pos)
-    steps: int = attrs.field(default=1000, validator=_pos)
+    steps: int = attrs.field(default=2400, validator=_pos)
     lr: float = attrs.field(default=1e-3, validator=_pos)
     warmup: int = attrs.field(default=50, validator=attrs.validators.ge(1))
     weight_decay: float = attrs.field(default=0.01, validator=attrs.validators.ge(0))
