@@ -14,14 +14,6 @@ from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids spin-wait stalls on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 BUDGETS = (1, 5, 24)
 ARCHS = ("qwen3", "llama")
 NEW_TOKENS = 20

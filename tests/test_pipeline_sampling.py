@@ -4,7 +4,6 @@ on an 8-token vocabulary, chi-square goodness of fit), and seeded runs are repro
 from __future__ import annotations
 
 import functools
-from collections import Counter
 
 import pytest
 import torch
@@ -18,15 +17,6 @@ from bastion.testing.tiny import tiny_model
 
 VOCAB = 8
 PROMPT = [3, 5, 4, 7]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids spin-wait stalls on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @functools.lru_cache(maxsize=None)

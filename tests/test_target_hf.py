@@ -12,14 +12,6 @@ from bastion.core.hf_target import HFTarget
 from bastion.testing.tiny import tiny_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids spin-wait stalls on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 ATOL = 1e-4
 
 

@@ -15,15 +15,6 @@ from bastion.core.sampling import processed_log_probs
 from bastion.verifiers.exact import ExactVerifier, walk_tree
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread avoids spin-wait stalls on a loaded 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def chi_square_p(observed: dict[int, int], expected_probs: torch.Tensor, total: int) -> float:
     """Goodness-of-fit p-value; cells with expected count < 5 are pooled into one."""
     exp = expected_probs.double() * total

@@ -15,7 +15,6 @@ DFlash checkpoint format.
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from bastion.training.distill import DistillSequence
-from bastion.training.loop import load_checkpoint, lr_at, save_checkpoint, seed_everything
+from bastion.training.loop import lr_at, resume, save_checkpoint, seed_everything
 
 __all__ = ["DrafterTrainConfig", "build_drafter", "train_drafter", "evaluate_drafter", "target_features"]
 
@@ -156,13 +155,7 @@ def train_drafter(
         p.requires_grad_(False)
     model = build_drafter(target, cfg, mask_token_id)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    step, elapsed = 0, 0.0
-    state = load_checkpoint(ckpt_path)
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, elapsed = int(state["step"]), float(state["elapsed"])
-        log(f"resumed from step {step}")
+    step, elapsed = resume(ckpt_path, model, opt, log=log)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"drafter: {n_params / 1e6:.2f}M parameters, {len(seqs)} training sequences")
     model.train()

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["seed_everything", "lr_at", "save_checkpoint", "load_checkpoint", "set_threads"]
+__all__ = ["seed_everything", "lr_at", "save_checkpoint", "load_checkpoint", "resume", "set_threads"]
 
 
 def seed_everything(seed: int) -> None:
@@ -43,3 +43,16 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def resume(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, *, log: Any = print) -> tuple[int, float]:
+    """Restore ``model`` and ``opt`` from the checkpoint at ``path`` if there is one.
+    Returns (step, elapsed seconds) to continue from; (0, 0.0) for a fresh run."""
+    state = load_checkpoint(path)
+    if state is None:
+        return 0, 0.0
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    step, elapsed = int(state["step"]), float(state["elapsed"])
+    log(f"resumed from step {step}")
+    return step, elapsed

@@ -17,7 +17,7 @@ import attrs
 import torch
 from tqdm import tqdm
 
-from bastion.training.loop import load_checkpoint, lr_at, save_checkpoint, seed_everything
+from bastion.training.loop import lr_at, resume, save_checkpoint, seed_everything
 from bastion.training.tokens import eval_windows, sample_windows
 
 __all__ = ["TargetConfig", "build_target", "train_target", "heldout_loss"]
@@ -95,13 +95,7 @@ def train_target(cfg: TargetConfig, tokenizer, train_ids, heldout_ids, out_dir: 
     seed_everything(cfg.seed)
     model = build_target(cfg, tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    step, elapsed = 0, 0.0
-    state = load_checkpoint(ckpt_path)
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step, elapsed = int(state["step"]), float(state["elapsed"])
-        log(f"resumed from step {step}")
+    step, elapsed = resume(ckpt_path, model, opt, log=log)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"target: {n_params / 1e6:.2f}M parameters, {len(train_ids) / 1e6:.2f}M training tokens")
     val = eval_windows(heldout_ids, cfg.seq_len, cfg.eval_windows)
