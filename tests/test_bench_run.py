@@ -65,7 +65,7 @@ def calls(pair, data_dir: Path):
 
     cfg = BenchConfig(
         datasets=("gsm8k", "mt_bench"), methods=METHODS, limit=2, max_new_tokens=10, max_nodes=8,
-        warmup_tokens=2, data_dir=str(data_dir), tree_options=TREE_OPTIONS,
+        warmup_tokens=2, data_dir=str(data_dir), tree_options=TREE_OPTIONS, repeats=1,
     )
     mp = pytest.MonkeyPatch()
     mp.setattr(bench_runner, "build_decoder", recording_build)
@@ -211,7 +211,7 @@ def test_bench_command_runs_end_to_end_and_writes_its_outputs(pair, data_dir: Pa
     rc = main([
         "bench", "--target", "T", "--drafter", "D", "--datasets", "gsm8k", "--data-dir", str(data_dir), "--limit", "1",
         "--max-new-tokens", "6", "--methods", "ar,chain,best-first@4,bastion", "--max-nodes", "8",
-        "--warmup-tokens", "0", "--out", str(out), "--no-progress", "--no-plots",
+        "--warmup-tokens", "0", "--repeats", "1", "--out", str(out), "--no-progress", "--no-plots",
     ])
     assert rc == 0
     assert seen == {"target": "T", "drafter": "D", "device": "cpu", "dtype": "float32"}
@@ -228,9 +228,33 @@ def test_quick_flag_sets_a_short_run_and_explicit_flags_override_it() -> None:
 
     args = build_parser().parse_args(["bench", "--quick"])
     cfg = build_config(args)
-    assert cfg.limit == 3 and cfg.max_new_tokens == 64 and cfg.methods == ("ar", "chain", "static", "best-first@8", "best-first@32", "bastion")
+    assert cfg.limit == 3 and cfg.max_new_tokens == 64 and cfg.repeats == 1 and cfg.methods == ("ar", "chain", "static", "best-first@8", "best-first@32", "bastion")
     args = build_parser().parse_args(["bench", "--quick", "--limit", "5", "--budgets", "2,4", "--tree-option", "static.branching=[3,1]"])
     cfg = build_config(args)
     assert cfg.limit == 5 and "best-first@2" in cfg.methods and dict(cfg.tree_options) == {"static": {"branching": [3, 1]}}
     full = build_config(build_parser().parse_args(["bench"]))
-    assert full.limit == 10 and [sweep_budget(m) for m in full.methods if sweep_budget(m)] == [4, 8, 16, 32, 64]
+    assert full.limit == 10 and full.repeats == 3 and [sweep_budget(m) for m in full.methods if sweep_budget(m)] == [4, 8, 16, 32, 64]
+
+
+def test_repeats_run_whole_rounds_and_keep_each_methods_fastest_run(pair, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bastion.core.types import GenerationResult
+
+    walls = {"ar": iter([0.9, 0.5, 0.7] * 2), "chain": iter([0.3, 0.4, 0.2] * 2)}
+    order: list[str] = []
+
+    class Fake:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def generate(self, ids, max_new_tokens=64, temperature=0.0, seed=None):
+            order.append(self.name)
+            return GenerationResult(tokens=[7], steps=(), prompt_len=int(ids.shape[1]), prefill_s=0.0,
+                                    wall_s=next(walls[self.name]), stop_reason="length")
+
+    monkeypatch.setattr(bench_runner, "build_decoder", lambda spec, *a, **k: Fake(spec.name))
+    cfg = BenchConfig(datasets=("gsm8k",), methods=("ar", "chain"), limit=2, repeats=3, warmup_tokens=0, data_dir=str(data_dir))
+    target, drafter = pair
+    run = run_bench(cfg, target, drafter, progress=False)
+    assert order == ["ar", "chain"] * 3 + ["chain", "ar"] * 3  # rounds of all methods, rotated per prompt
+    assert [(r.method, r.result.wall_s) for r in run.runs] == [("ar", 0.5), ("ar", 0.5), ("chain", 0.2), ("chain", 0.2)]
+    assert run.meta["repeats"] == 3

@@ -193,7 +193,7 @@ def markdown_report(run: BenchRun) -> str:
     cfg = run.config
     parts = [
         f"## bastion bench: {len(run.prompts)} prompts x {len(run.specs)} methods, "
-        f"max {cfg.max_new_tokens} new tokens, T = {cfg.temperature:g}, device {run.meta['device']} "
+        f"max {cfg.max_new_tokens} new tokens, T = {cfg.temperature:g}, fastest of {cfg.repeats} per prompt, device {run.meta['device']} "
         f"({run.meta['dtype']}, {run.meta['threads']} threads), {run.meta['total_s']:.0f} s",
         "",
         "### Speedup over ar (same run) and acceptance length",

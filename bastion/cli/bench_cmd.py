@@ -56,6 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy, with the equality check)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--template", choices=("auto", "chat", "plain"), default="auto", help="prompt template style")
+    p.add_argument("--repeats", type=int, help="runs per prompt and method, the fastest kept (default 3; --quick 1)")
     p.add_argument("--warmup-tokens", type=int, help="unrecorded warm-up generation per method (default 16; 0 disables)")
     p.add_argument("--tree-option", type=_tree_option, action="append", default=[], metavar="BUILDER.KEY=VALUE",
                    help="option for a tree builder, JSON value (repeatable), e.g. static.branching=[4,2,2,1]")
@@ -80,7 +81,7 @@ def build_config(args: argparse.Namespace) -> Any:
         kw["methods"] = default_methods(args.budgets)
     if args.methods is not None:
         kw["methods"] = tuple(args.methods)
-    for name in ("datasets", "limit", "max_new_tokens", "max_nodes", "warmup_tokens", "data_dir"):
+    for name in ("datasets", "limit", "max_new_tokens", "max_nodes", "warmup_tokens", "repeats", "data_dir"):
         value = getattr(args, name)
         if value is not None:
             kw[name] = tuple(value) if name == "datasets" else value
