@@ -223,8 +223,8 @@ def test_bench_command_runs_end_to_end_and_writes_its_outputs(pair, data_dir: Pa
 
 
 def test_quick_flag_sets_a_short_run_and_explicit_flags_override_it() -> None:
-    from bastion.cli.main import build_parser
     from bastion.cli.bench_cmd import build_config
+    from bastion.cli.main import build_parser
 
     args = build_parser().parse_args(["bench", "--quick"])
     cfg = build_config(args)

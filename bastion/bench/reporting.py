@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -192,9 +193,11 @@ def budget_table(stats: Sequence[MethodStats], method: str = ADAPTIVE, buckets: 
 def markdown_report(run: BenchRun) -> str:
     cfg = run.config
     parts = [
-        f"## bastion bench: {len(run.prompts)} prompts x {len(run.specs)} methods, "
-        f"max {cfg.max_new_tokens} new tokens, T = {cfg.temperature:g}, fastest of {cfg.repeats} per prompt, device {run.meta['device']} "
-        f"({run.meta['dtype']}, {run.meta['threads']} threads), {run.meta['total_s']:.0f} s",
+        (
+            f"## bastion bench: {len(run.prompts)} prompts x {len(run.specs)} methods, "
+            f"max {cfg.max_new_tokens} new tokens, T = {cfg.temperature:g}, fastest of {cfg.repeats} per prompt, "
+            f"device {run.meta['device']} ({run.meta['dtype']}, {run.meta['threads']} threads), {run.meta['total_s']:.0f} s"
+        ),
         "",
         "### Speedup over ar (same run) and acceptance length",
         "",
@@ -218,8 +221,11 @@ def markdown_report(run: BenchRun) -> str:
     if run.latency is not None and run.latency.mean_abs_rel_error is not None:
         parts += [
             "",
-            f"Latency model (bastion's, as calibrated at the end of the run) against every measured verify step: mean |relative error| "
-            f"{100 * run.latency.mean_abs_rel_error:.1f}% over {len(run.latency.points)} steps.",
+            (
+                "Latency model (bastion's, as calibrated at the end of the run) against every measured verify "
+                f"step: mean |relative error| {100 * run.latency.mean_abs_rel_error:.1f}% over "
+                f"{len(run.latency.points)} steps."
+            ),
         ]
     return "\n".join(parts) + "\n"
 
@@ -231,7 +237,7 @@ def _jsonable(x: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
-    if isinstance(x, float) and x != x:  # NaN is not JSON
+    if isinstance(x, float) and math.isnan(x):  # NaN is not JSON
         return None
     return x
 
