@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from bastion.bench.datasets import FORMATS, Prompt, default_data_dir, load_dataset, parse_dataset_spec
+from bastion.bench.datasets import (
+    FORMATS,
+    Prompt,
+    default_data_dir,
+    load_dataset,
+    parse_dataset_spec,
+)
 from bastion.bench.templates import TEMPLATES, byte_encode, encode_prompt, render_prompt
 from bastion.core.errors import InvalidInputError
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("BASTION_DATA_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 def _write_jsonl(path: Path, rows: list[dict], gz: bool = False) -> Path:

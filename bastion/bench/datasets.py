@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal
 
 from attrs import field, frozen
 
+from bastion.core.datadir import DATA_DIR_ENV, default_data_dir
 from bastion.core.errors import InvalidInputError
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
 Domain = Literal["math", "code", "chat"]
 
 #: environment variable naming the directory that holds the benchmark data sets
-DATA_DIR_ENV = "BASTION_DATA_DIR"
 
 
 @frozen
@@ -100,18 +99,6 @@ FORMATS: dict[str, DatasetFormat] = {
         DatasetFormat("mt_bench", "chat", "mt_bench/question.jsonl", "HuggingFaceH4/mt_bench_prompts@train", _mt_bench),
     )
 }
-
-
-def default_data_dir() -> Path:
-    """``$BASTION_DATA_DIR`` if set, else the first of ``./data`` and ``../shared/data`` that exists
-    (relative to the working directory), else ``./data``."""
-    env = os.environ.get(DATA_DIR_ENV)
-    if env:
-        return Path(env)
-    for cand in (Path("data"), Path("..") / "shared" / "data"):
-        if (cand / FORMATS["gsm8k"].default_file).exists():
-            return cand
-    return Path("data")
 
 
 def parse_dataset_spec(spec: str) -> tuple[DatasetFormat, str | None]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import re
 import sysconfig
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Iterator, Sequence
 
 import attrs
 
+from bastion.core.datadir import default_data_dir
 from bastion.core.errors import InvalidInputError
 from bastion.training.chat import EOS, chat_text, prompt_text
 
@@ -44,18 +44,6 @@ _CALC = re.compile(r"<<[^>]*>>")  # GSM8K calculator annotations, e.g. <<48/2=24
 class Document:
     source: str = attrs.field(validator=attrs.validators.in_(SOURCES))
     text: str
-
-
-def default_data_dir() -> Path:
-    """``$BASTION_DATA_DIR`` if set, else the first of ``./data`` and ``../shared/data`` holding GSM8K
-    (relative to the working directory), else ``./data``: the same lookup ``bastion bench`` uses."""
-    env = os.environ.get("BASTION_DATA_DIR")
-    if env:
-        return Path(env)
-    for cand in (Path("data"), Path("..") / "shared" / "data"):
-        if (cand / "gsm8k" / "train.jsonl").exists():
-            return cand
-    return Path("data")
 
 
 def _require(path: Path) -> Path:
