@@ -116,7 +116,10 @@ def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
     """Rows of a JSONL file (``.gz`` allowed) or of a JSON file holding a list of objects."""
     p = Path(path)
     if not p.is_file():
-        raise InvalidInputError(f"dataset file not found: {p}")
+        raise InvalidInputError(
+            f"dataset file not found: {p} (point --data-dir or ${DATA_DIR_ENV} at the folder holding gsm8k/, "
+            "humaneval/ and mt_bench/, or pass NAME=PATH / NAME=hf in --datasets)"
+        )
     opener: Callable[..., Any] = gzip.open if p.suffix == ".gz" else open
     with opener(p, "rt", encoding="utf-8") as fh:
         head = fh.read(1)
