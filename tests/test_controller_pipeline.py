@@ -10,19 +10,11 @@ from bastion import Pipeline
 from bastion.controllers import BastionController, RooflineLatency, RooflineParams
 from bastion.core import DraftContext, Drafter, DraftStep, Marginals
 from bastion.core.hf_target import HFTarget
+from bastion.testing.reference import greedy_reference
 from bastion.testing.tiny import tiny_model
 
 K = 5  # drafted depths
 NEW = 24
-
-
-def greedy_reference(model: torch.nn.Module, prompt: torch.Tensor, new: int) -> list[int]:
-    ids = prompt.clone()
-    with torch.no_grad():
-        for _ in range(new):
-            nxt = model(ids).logits[0, -1].argmax()
-            ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-    return ids[0, prompt.shape[1] :].tolist()
 
 
 def confident(context_len: int) -> bool:

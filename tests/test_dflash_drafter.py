@@ -17,6 +17,7 @@ from bastion.core.types import DraftContext, DraftStep
 from bastion.drafters.dflash import DFlashDrafter
 from bastion.drafters.dflash_model import DFlashConfig, DFlashDraftModel
 from bastion.testing.contract import FixedLatencyModel, check_drafter
+from bastion.testing.reference import greedy_reference
 from bastion.testing.tiny import tiny_model
 
 BLOCK, MASK_ID, LAYERS = 5, 255, (0, 1)
@@ -44,15 +45,6 @@ def drafter(checkpoint: Path, target: HFTarget) -> DFlashDrafter:
 class VerifyWholeTree(BudgetController):
     def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
         return int(log_scores.shape[0])
-
-
-def _greedy_reference(model: torch.nn.Module, prompt: torch.Tensor, n: int) -> list[int]:
-    ids = prompt.clone()
-    with torch.no_grad():
-        for _ in range(n):
-            nxt = model(ids).logits[0, -1].argmax()
-            ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-    return ids[0, prompt.shape[1] :].tolist()
 
 
 def test_registered_dflash_loads_the_checkpoint_and_reads_its_feature_layers(drafter: DFlashDrafter) -> None:
@@ -140,7 +132,7 @@ def test_pipeline_with_dflash_drafter_is_lossless_against_greedy_decoding(
     )
     prompt = torch.tensor([[1, 17, 42, 99, 7, 3]])
     res = pipe.generate(prompt, max_new_tokens=20, temperature=0.0, stop_on_eos=False)
-    assert res.tokens == _greedy_reference(target.model, prompt, 20)
+    assert res.tokens == greedy_reference(target.model, prompt, 20)
 
 
 @pytest.mark.parametrize(("builder", "max_nodes"), [("best-first", 2), ("best-first", 24), ("chain", 5), ("static", 16)])

@@ -11,6 +11,7 @@ import torch
 import bastion
 from bastion.core.registry import ENTRY_POINT_GROUP, Registry
 from bastion.testing import check_component
+from bastion.testing.reference import greedy_reference
 
 DIST = "bastion-example-drafter"
 INSTALL_HINT = "install it first: pip install -e plugins/bastion-example-drafter"
@@ -29,12 +30,7 @@ def _greedy_reference(target_dir, prompt: torch.Tensor, n: int) -> list[int]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    ids = prompt.clone()
-    with torch.no_grad():
-        for _ in range(n):
-            nxt = model(ids).logits[0, -1].argmax()
-            ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-    return ids[0, prompt.shape[1] :].tolist()
+    return greedy_reference(model, prompt, n)
 
 
 def test_example_plugin_declares_an_entry_point_in_the_bastion_group(dist):
