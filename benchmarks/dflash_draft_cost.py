@@ -17,7 +17,7 @@ import torch
 
 from bastion.core.types import DraftContext, DraftStep
 from bastion.drafters.dflash import DFlashDrafter
-from bastion.drafters.dflash_model import DFlashConfig, DFlashDraftModel
+from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel
 
 
 def _sync(device: torch.device) -> None:

@@ -15,7 +15,7 @@ from bastion.core.interfaces import BudgetController, LatencyModel
 from bastion.core.pipeline import Pipeline
 from bastion.core.types import DraftContext, DraftStep
 from bastion.drafters.dflash import DFlashDrafter
-from bastion.drafters.dflash_model import DFlashConfig, DFlashDraftModel
+from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel
 from bastion.testing.contract import FixedLatencyModel, check_drafter
 from bastion.testing.reference import greedy_reference
 from bastion.testing.tiny import tiny_model

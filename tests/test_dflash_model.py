@@ -12,12 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.drafters.dflash_model import (
-    DFlashConfig,
-    DFlashDraftModel,
-    default_target_layer_ids,
-    make_training_blocks,
-)
+from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel, default_target_layer_ids
+from bastion.training.blocks import make_training_blocks
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 32, 4, 2, 8, 48, 64
 N_LAYERS, N_TARGET, LAYER_IDS, BLOCK, MASK_ID = 2, 4, (0, 2, 3), 4, 63

@@ -10,8 +10,8 @@ import torch
 
 import bastion
 from bastion.controllers import ModelCost, RooflineLatency, RooflineParams
-from bastion.controllers import devices
-from bastion.controllers.devices import DevicePeaks, device_peaks, lookup_gpu
+from bastion.controllers.latency import devices
+from bastion.controllers.latency.devices import DevicePeaks, device_peaks, lookup_gpu
 from bastion.core import InvalidInputError, LatencyModel
 from bastion.testing.tiny import tiny_config
 

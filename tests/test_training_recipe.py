@@ -55,7 +55,7 @@ def test_smoke_target_loads_as_plain_hf_model_with_chat_tokenizer(smoke_run: Pat
 def test_smoke_drafter_is_a_dflash_checkpoint_for_the_target(smoke_run: Path) -> None:
     from transformers import AutoTokenizer
 
-    from bastion.drafters.dflash_model import DFlashDraftModel
+    from bastion.drafters.dflash import DFlashDraftModel
 
     cfg = json.loads((smoke_run / "drafter" / "config.json").read_text())
     assert {"block_size", "num_target_layers", "dflash_config"} <= set(cfg)

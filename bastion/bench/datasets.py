@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 
 from attrs import field, frozen
 
-from bastion.core.datadir import DATA_DIR_ENV, default_data_dir
+from bastion.core.folders import DATA_DIR_ENV, default_data_dir
 from bastion.core.errors import InvalidInputError
 
 __all__ = [

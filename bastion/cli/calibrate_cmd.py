@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from bastion.controllers.calibrate import calibrate, plot_calibration
-    from bastion.controllers.profiles import default_profile_path
+    from bastion.controllers.latency.calibrate import calibrate, plot_calibration
+    from bastion.controllers.latency.profiles import default_profile_path
     from bastion.core.errors import InvalidInputError
     from bastion.core.hf_target import HFTarget
 

@@ -1,10 +1,10 @@
 """Built-in budget controllers (``bastion``, ``fixed``) and the ``roofline`` latency model."""
 
 from bastion.controllers.budget import BastionController, BastionDecision, FixedController
-from bastion.controllers.cost import ModelCost
-from bastion.controllers.devices import DevicePeaks, device_peaks
-from bastion.controllers.fit import FitResult, RooflineParams, fit_roofline
-from bastion.controllers.roofline import RooflineLatency
+from bastion.controllers.latency import ModelCost
+from bastion.controllers.latency import DevicePeaks, device_peaks
+from bastion.controllers.latency import FitResult, RooflineParams, fit_roofline
+from bastion.controllers.latency import RooflineLatency
 
 __all__ = [
     "BastionController",

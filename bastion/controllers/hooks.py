@@ -10,7 +10,7 @@ def bastion_register_components(register: Register) -> None:
     register(
         "latency_model",
         "roofline",
-        "bastion.controllers.roofline:RooflineLatency",
+        "bastion.controllers.latency.roofline:RooflineLatency",
         description="roofline verify time from the target config and device peaks, calibrated online",
     )
     register(

@@ -239,6 +239,38 @@ class Pipeline:
             stop_reason=stop_reason if len(out) < max_new_tokens or stop_reason == "eos" else "length",
         )
 
+    def generate_batch(
+        self,
+        prompts: Any,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        *,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_on_eos: bool = True,
+    ) -> list[GenerationResult]:
+        """Decode every prompt of ``prompts`` (token-id sequences of any lengths: lists, 1-D tensors or
+        [1, L] tensors) -> one :class:`GenerationResult` per prompt, in order. Each row's output is what
+        :meth:`generate` gives for that prompt alone. (Reference path: rows are decoded one after another.)"""
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise InvalidInputError("prompts must be a non-empty list of token-id sequences")
+        rows = []
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, torch.Tensor) and prompt.dim() == 1:
+                prompt = prompt[None]
+            try:
+                rows.append(self._check_prompt(prompt))
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"prompt {i}: {exc}") from None
+        results = []
+        for i, ids in enumerate(rows):
+            row_seed = None if seed is None else int(seed) + i
+            results.append(
+                self.generate(ids, max_new_tokens, temperature, row_seed, top_p=top_p, top_k=top_k, stop_on_eos=stop_on_eos)
+            )
+        return results
+
     def _step(
         self,
         root: int,

@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 
 import attrs
 
-from bastion.core.datadir import default_data_dir
+from bastion.core.folders import default_data_dir
 from bastion.core.errors import InvalidInputError
 from bastion.training.chat import EOS, chat_text, prompt_text
 

@@ -52,7 +52,7 @@ class DrafterTrainConfig:
 
 def build_drafter(target, cfg: DrafterTrainConfig, mask_token_id: int):
     """A fresh :class:`DFlashDraftModel` sized for ``target`` (an HF causal LM)."""
-    from bastion.drafters.dflash_model import DFlashConfig, DFlashDraftModel
+    from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel
 
     n_layers = target.config.num_hidden_layers
     layer_ids = cfg.target_layer_ids if cfg.target_layer_ids is not None else tuple(range(n_layers))
@@ -89,7 +89,7 @@ def _slot_weights(k: int, gamma: float) -> torch.Tensor:
 
 def _block_loss(model, target, seq: DistillSequence, anchors: torch.Tensor, gamma: float):
     """(weighted loss, logits [N, K, V], labels [N, K]) for one sequence's anchors."""
-    from bastion.drafters.dflash_model import make_training_blocks
+    from bastion.training.blocks import make_training_blocks
 
     cfg = model.config
     feats = target_features(target, seq.ids, cfg.target_layer_ids)  # [1, L, F]

@@ -30,7 +30,7 @@ def _export_target(src: Path, dst: Path, dtype: torch.dtype) -> None:
 
 
 def _export_drafter(src: Path, dst: Path, dtype: torch.dtype) -> None:
-    from bastion.drafters.dflash_model import DFlashDraftModel
+    from bastion.drafters.dflash import DFlashDraftModel
 
     model = DFlashDraftModel.from_pretrained(src, dtype=torch.float32)
     model.to(dtype).save_pretrained(dst)

@@ -17,7 +17,7 @@ import torch
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import Drafter
 from bastion.core.types import DraftContext, DraftStep, Marginals
-from bastion.drafters.dflash_model import ContextKV, DFlashDraftModel
+from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
 
 if TYPE_CHECKING:
     from bastion.core.target import Target

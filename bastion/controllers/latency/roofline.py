@@ -6,7 +6,7 @@ online fit of the measured verify times.
 Before any observation the parameters come from a saved profile for this device and model, or from a
 prior (60% of peak compute, 80% of peak bandwidth, a per-layer fixed cost), which already orders sizes
 sensibly. Every verify the pipeline times is recorded; the parameters are refitted every few steps with
-the robust, recency-weighted fit of :mod:`bastion.controllers.fit`.
+the robust, recency-weighted fit of :mod:`bastion.controllers.latency.fit`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any, Callable, Iterable, Literal
 import numpy as np
 import torch
 
-from bastion.controllers.cost import ModelCost
-from bastion.controllers.devices import DevicePeaks, device_name, device_peaks
-from bastion.controllers.fit import FitResult, RooflineParams, fit_roofline
-from bastion.controllers.profiles import default_profile_path, load_profile, save_profile
+from bastion.controllers.latency.cost import ModelCost
+from bastion.controllers.latency.devices import DevicePeaks, device_name, device_peaks
+from bastion.controllers.latency.fit import FitResult, RooflineParams, fit_roofline
+from bastion.controllers.latency.profiles import default_profile_path, load_profile, save_profile
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import LatencyModel
 

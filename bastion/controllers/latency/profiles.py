@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bastion.controllers.paths import cache_dir
+from bastion.core.folders import cache_dir
 from bastion.core.errors import InvalidInputError
 
 __all__ = ["PROFILE_FILE", "default_profile_path", "profile_key", "read_profiles", "load_profile", "save_profile"]
@@ -23,7 +23,7 @@ _VERSION = 1
 
 
 def default_profile_path() -> Path:
-    """``<user cache dir>/bastion/latency_profiles.json`` (see :func:`bastion.controllers.paths.cache_dir`)."""
+    """``<user cache dir>/bastion/latency_profiles.json`` (see :func:`bastion.core.folders.cache_dir`)."""
     return cache_dir() / PROFILE_FILE
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from bastion.controllers.cost import dtype_bytes
-from bastion.controllers.paths import cache_dir
+from bastion.controllers.latency.cost import dtype_bytes
+from bastion.core.folders import cache_dir
 from bastion.core.errors import InvalidInputError
 
 __all__ = ["DevicePeaks", "GPU_TABLE", "NO_PROBE_ENV", "device_name", "device_peaks", "lookup_gpu", "probe_device"]

@@ -2,7 +2,7 @@
 
 Used by ``bastion calibrate``; also callable from Python::
 
-    from bastion.controllers.calibrate import calibrate
+    from bastion.controllers.latency.calibrate import calibrate
     result = calibrate(target, sizes=(1, 4, 16, 64), context_lens=(64, 512))
     result.model.save_profile()        # later pipelines on this device and model start from it
 """
@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from attrs import field, frozen
 
-from bastion.controllers.fit import FitResult
-from bastion.controllers.roofline import RooflineLatency
+from bastion.controllers.latency.fit import FitResult
+from bastion.controllers.latency.roofline import RooflineLatency
 from bastion.core.errors import InvalidInputError
 from bastion.core.target import Target
 from bastion.core.tree import Tree

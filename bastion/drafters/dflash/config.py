@@ -1,0 +1,300 @@
+"""DFlash drafter configuration: the ``config.json`` of a DFlash checkpoint as a typed, validated object."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import attrs
+import torch.nn.functional as F
+from attrs import field, frozen
+
+from bastion.core.errors import InvalidInputError
+
+__all__ = ["DFlashConfig", "default_target_layer_ids", "CONFIG_NAME", "WEIGHTS_NAME", "WEIGHTS_INDEX_NAME"]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+ARCHITECTURE = "DFlashDraftModel"
+
+#: keys of config.json that map to DFlashConfig fields (everything else is kept verbatim in ``extra``)
+_HANDLED_KEYS = frozenset(
+    {
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "block_size",
+        "num_target_layers",
+        "dflash_config",
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "hidden_act",
+        "attention_bias",
+        "max_position_embeddings",
+        "architectures",
+        "model_type",
+        "layer_types",
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+        "mask_token_id",
+        "target_layer_ids",
+    }
+)
+
+_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """The layer choice DFlash uses when a config gives none: one target layer per draft layer, spread
+    evenly from layer 1 to layer ``num_target_layers - 3`` (the middle layer for a one-layer drafter)."""
+    if num_target_layers < 1 or num_draft_layers < 1:
+        raise InvalidInputError("num_target_layers and num_draft_layers must be >= 1")
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    lo, hi = 1, num_target_layers - 3
+    return tuple(int(round(lo + i * (hi - lo) / (num_draft_layers - 1))) for i in range(num_draft_layers))
+
+
+def _positive(_inst: object, attribute: attrs.Attribute, value: int) -> None:
+    if not (isinstance(value, int) and value >= 1):
+        raise InvalidInputError(f"DFlashConfig.{attribute.name} must be an int >= 1, got {value!r}")
+
+
+def _to_int_tuple(value: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)
+
+
+@frozen
+class DFlashConfig:
+    """Architecture of a DFlash drafter (the fields of a DFlash ``config.json``)."""
+
+    hidden_size: int = field(validator=_positive)
+    intermediate_size: int = field(validator=_positive)
+    num_hidden_layers: int = field(validator=_positive)
+    num_attention_heads: int = field(validator=_positive)
+    num_key_value_heads: int = field(validator=_positive)
+    head_dim: int = field(validator=_positive)
+    vocab_size: int = field(validator=_positive)
+    block_size: int = field(validator=_positive)
+    num_target_layers: int = field(validator=_positive)
+    target_layer_ids: tuple[int, ...] = field(converter=_to_int_tuple)
+    mask_token_id: int = field(converter=int)
+    rms_norm_eps: float = field(default=1e-6, converter=float)
+    #: normalised rope settings: {"rope_type": ..., "rope_theta": ..., plus type-specific keys}
+    rope_parameters: Mapping[str, Any] = field(
+        factory=lambda: {"rope_type": "default", "rope_theta": 1_000_000.0}, converter=dict
+    )
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    max_position_embeddings: int = field(default=40960, validator=_positive)
+    #: other config.json keys (dtype, token ids, auto_map...), written back unchanged on save
+    extra: Mapping[str, Any] = field(factory=dict, converter=dict, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if self.block_size < 2:
+            raise InvalidInputError(f"DFlashConfig.block_size must be >= 2 (anchor + masks), got {self.block_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise InvalidInputError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if not self.target_layer_ids:
+            raise InvalidInputError("DFlashConfig.target_layer_ids must name at least one target layer")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        if bad:
+            raise InvalidInputError(
+                f"target_layer_ids {bad} lie outside the target's layers [0, {self.num_target_layers})"
+            )
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise InvalidInputError(f"mask_token_id {self.mask_token_id} lies outside the vocabulary [0, {self.vocab_size})")
+        if self.hidden_act not in _ACTIVATIONS:
+            raise InvalidInputError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(_ACTIVATIONS)}")
+        if "rope_theta" not in self.rope_parameters:
+            raise InvalidInputError("rope_parameters needs a rope_theta")
+
+    # ---------------------------------------------------------------- derived
+    @property
+    def feature_size(self) -> int:
+        """F: width of the concatenated target features the drafter reads."""
+        return len(self.target_layer_ids) * self.hidden_size
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """K = B - 1, the depths one forward proposes."""
+        return self.block_size - 1
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def for_target(
+        cls,
+        target_config: Any,
+        *,
+        num_layers: int = 1,
+        block_size: int = 16,
+        target_layer_ids: Sequence[int] | None = None,
+        mask_token_id: int | None = None,
+        intermediate_size: int | None = None,
+    ) -> "DFlashConfig":
+        """A drafter config matching ``target_config`` (HF config object or dict): same hidden size,
+        heads, head_dim, vocabulary, norm eps and rope; ``num_layers`` draft layers. ``mask_token_id``
+        defaults to the last vocabulary id; ``target_layer_ids`` to :func:`default_target_layer_ids`."""
+        get = (lambda k, d=None: target_config.get(k, d)) if isinstance(target_config, Mapping) else (
+            lambda k, d=None: getattr(target_config, k, d)
+        )
+        hidden = int(get("hidden_size"))
+        heads = int(get("num_attention_heads"))
+        n_target = int(get("num_hidden_layers"))
+        vocab = int(get("vocab_size"))
+        layer_ids = tuple(target_layer_ids) if target_layer_ids is not None else default_target_layer_ids(n_target, num_layers)
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=int(intermediate_size or get("intermediate_size")),
+            num_hidden_layers=num_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=int(get("num_key_value_heads") or heads),
+            head_dim=int(get("head_dim") or hidden // heads),
+            vocab_size=vocab,
+            block_size=block_size,
+            num_target_layers=n_target,
+            target_layer_ids=layer_ids,
+            mask_token_id=vocab - 1 if mask_token_id is None else mask_token_id,
+            rms_norm_eps=float(get("rms_norm_eps", 1e-6) or 1e-6),
+            rope_parameters=_rope_from_dict(_config_as_dict(target_config)),
+            hidden_act=str(get("hidden_act", "silu") or "silu"),
+            max_position_embeddings=int(get("max_position_embeddings", 40960) or 40960),
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DFlashConfig":
+        """Parse a DFlash ``config.json`` dict. Missing required keys raise :class:`InvalidInputError`
+        naming them."""
+        data = dict(data)
+        dflash = dict(data.get("dflash_config") or {})
+        required = [
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "vocab_size",
+            "block_size",
+            "num_target_layers",
+        ]
+        missing = [k for k in required if data.get(k) is None]
+        mask_id = dflash.get("mask_token_id", data.get("mask_token_id"))
+        if mask_id is None:
+            missing.append("dflash_config.mask_token_id")
+        if missing:
+            raise InvalidInputError(f"DFlash config is missing {', '.join(missing)}")
+        layer_types = data.get("layer_types") or []
+        if data.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
+            raise InvalidInputError("DFlash drafters with sliding-window attention layers are not supported")
+        heads = int(data["num_attention_heads"])
+        n_layers = int(data["num_hidden_layers"])
+        layer_ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
+        if layer_ids is None:
+            layer_ids = default_target_layer_ids(int(data["num_target_layers"]), n_layers)
+        return cls(
+            hidden_size=int(data["hidden_size"]),
+            intermediate_size=int(data["intermediate_size"]),
+            num_hidden_layers=n_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=int(data.get("num_key_value_heads") or heads),
+            head_dim=int(data.get("head_dim") or int(data["hidden_size"]) // heads),
+            vocab_size=int(data["vocab_size"]),
+            block_size=int(data["block_size"]),
+            num_target_layers=int(data["num_target_layers"]),
+            target_layer_ids=layer_ids,
+            mask_token_id=int(mask_id),
+            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+            rope_parameters=_rope_from_dict(data),
+            hidden_act=str(data.get("hidden_act", "silu")),
+            attention_bias=bool(data.get("attention_bias", False)),
+            max_position_embeddings=int(data.get("max_position_embeddings", 40960)),
+            extra={k: v for k, v in data.items() if k not in _HANDLED_KEYS},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``config.json`` dict in the DFlash checkpoint format."""
+        rope = dict(self.rope_parameters)
+        legacy_scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+        out: dict[str, Any] = dict(self.extra)
+        out.update(
+            {
+                "architectures": [ARCHITECTURE],
+                "model_type": "qwen3",
+                "hidden_size": self.hidden_size,
+                "intermediate_size": self.intermediate_size,
+                "num_hidden_layers": self.num_hidden_layers,
+                "num_attention_heads": self.num_attention_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_dim,
+                "vocab_size": self.vocab_size,
+                "hidden_act": self.hidden_act,
+                "attention_bias": self.attention_bias,
+                "rms_norm_eps": self.rms_norm_eps,
+                "max_position_embeddings": self.max_position_embeddings,
+                "rope_theta": rope["rope_theta"],
+                "rope_scaling": None if legacy_scaling.get("rope_type", "default") == "default" else legacy_scaling,
+                "rope_parameters": rope,
+                "use_sliding_window": False,
+                "layer_types": ["full_attention"] * self.num_hidden_layers,
+                "tie_word_embeddings": False,
+                "block_size": self.block_size,
+                "num_target_layers": self.num_target_layers,
+                "dflash_config": {
+                    "mask_token_id": self.mask_token_id,
+                    "target_layer_ids": list(self.target_layer_ids),
+                },
+            }
+        )
+        return out
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "DFlashConfig":
+        """Read ``config.json`` from a local directory or a hub id."""
+        from bastion.drafters.dflash.checkpoint import resolve_checkpoint_dir
+
+        directory = resolve_checkpoint_dir(path, config_only=True)
+        return cls.from_dict(json.loads((directory / CONFIG_NAME).read_text()))
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        directory = Path(path)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / CONFIG_NAME).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        return directory
+
+
+def _config_as_dict(config: Any) -> dict[str, Any]:
+    if isinstance(config, Mapping):
+        return dict(config)
+    if hasattr(config, "to_dict"):
+        return dict(config.to_dict())
+    return dict(vars(config))
+
+
+def _rope_from_dict(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Normalise rope settings of a 4.x-style (``rope_theta`` + ``rope_scaling``) or 5.x-style
+    (``rope_parameters``) config into one dict with ``rope_type`` and ``rope_theta``."""
+    params = data.get("rope_parameters")
+    if isinstance(params, Mapping) and "rope_theta" in params:
+        rope = dict(params)
+    else:
+        rope = dict(data.get("rope_scaling") or {})
+        rope["rope_theta"] = float(data.get("rope_theta", 1_000_000.0) if data.get("rope_theta") is not None else 1_000_000.0)
+    if "type" in rope and "rope_type" not in rope:
+        rope["rope_type"] = rope.pop("type")
+    rope.setdefault("rope_type", "default")
+    rope["rope_theta"] = float(rope["rope_theta"])
+    return rope
+
+
+# ===================================================================== network
