@@ -32,3 +32,8 @@ class DuplicateComponentError(BastionError, ValueError):
 
 class PluginLoadError(BastionError, RuntimeError):
     """A third-party plugin failed to import or to register its components."""
+
+
+class InvalidFileError(BastionError, ValueError):
+    """A file bastion reads is truncated, garbled, wrongly typed, unsafe or points outside its folder.
+    The message names the file and, where one is at fault, the field."""

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from bastion.core.errors import InvalidFileError
+
 __all__ = ["seed_everything", "lr_at", "save_checkpoint", "load_checkpoint", "resume", "set_threads"]
 
 
@@ -40,9 +42,20 @@ def save_checkpoint(path: Path, **state: Any) -> None:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
+    """The state saved by :func:`save_checkpoint` at ``path``, or None when there is none.
+
+    Loading is ``weights_only``: tensors, numbers, strings and containers only, so a crafted file cannot
+    run code; anything else (or a truncated file) raises :class:`InvalidFileError` naming the file."""
+    path = Path(path)
     if not path.exists():
         return None
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle.UnpicklingError, EOFError, RuntimeError from a torn zip...
+        raise InvalidFileError(f"{path}: not a bastion training checkpoint (or unsafe to load): {exc}") from exc
+    if not isinstance(state, dict):
+        raise InvalidFileError(f"{path}: a training checkpoint holds a dict, found {type(state).__name__}")
+    return state
 
 
 def resume(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, *, log: Any = print) -> tuple[int, float]:
