@@ -1,0 +1,46 @@
+"""The torch.distributed facade: launcher environment, device choice, sharding, one-process contexts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bastion.core.errors import InvalidInputError
+from bastion.distributed import DistContext, env_ranks, gather_objects, resolve_device, setup, shard, teardown
+
+
+def test_env_ranks_reads_torchrun_variables_and_defaults_to_one_process() -> None:
+    assert env_ranks({}) == (0, 1, 0)
+    assert env_ranks({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}) == (3, 4, 1)
+
+
+@pytest.mark.parametrize("env", [{"RANK": "2", "WORLD_SIZE": "2"}, {"WORLD_SIZE": "0"}, {"RANK": "x"}])
+def test_env_ranks_rejects_an_inconsistent_environment(env: dict[str, str]) -> None:
+    with pytest.raises(InvalidInputError):
+        env_ranks(env)
+
+
+def test_one_process_setup_starts_no_process_group() -> None:
+    ctx = setup("cpu", environ={})
+    assert ctx == DistContext() and ctx.is_main and not ctx.distributed
+    assert not torch.distributed.is_initialized()
+    assert gather_objects({"a": 1}, ctx) == [{"a": 1}]
+    teardown(ctx)
+
+
+def test_cpu_device_is_kept_and_cuda_without_gpu_is_a_clear_error() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(InvalidInputError, match="CUDA"):
+            resolve_device("cuda", 1)
+
+
+@given(n=st.integers(0, 40), world=st.integers(1, 6))
+def test_shards_partition_the_items_in_round_robin(n: int, world: int) -> None:
+    items = list(range(n))
+    parts = [shard(items, DistContext(rank=r, world_size=world)) for r in range(world)]
+    assert sorted(x for p in parts for x in p) == items
+    assert all(x % world == r for r, p in enumerate(parts) for x in p)
