@@ -118,6 +118,9 @@ class Speedup(BudgetController):
     """Correct: argmax over n of cumsum(rho) / (overhead + latency(n))."""
 
     def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
+        return self.decide(log_scores, context_len, latency, overhead_s).n
+
+    def decide(self, log_scores, context_len, latency, overhead_s) -> BudgetDecision:
         if log_scores.numel() == 0:
             raise InvalidInputError("empty")
         acc = log_scores.double().exp().cumsum(0)  # [n_max]
@@ -125,8 +128,7 @@ class Speedup(BudgetController):
         cost = latency.predict_many(n, context_len) + overhead_s
         s = acc / cost
         best = int(s.argmax()) + 1
-        self.last_decision = BudgetDecision(best, float(s[best - 1]))
-        return best
+        return BudgetDecision(best, float(s[best - 1]))
 
 
 class SampleAndMatch(Verifier):
@@ -342,10 +344,20 @@ class Alternating(Speedup):
 
 
 class LyingDecision(Speedup):
+    def decide(self, log_scores, context_len, latency, overhead_s):
+        n = super().decide(log_scores, context_len, latency, overhead_s).n
+        return BudgetDecision(n + 1, 1.0)
+
     def choose(self, log_scores, context_len, latency, overhead_s):
-        n = super().choose(log_scores, context_len, latency, overhead_s)
-        self.last_decision = BudgetDecision(n + 1, 1.0)
-        return n
+        return super().decide(log_scores, context_len, latency, overhead_s).n
+
+
+class UntypedDecision(Speedup):
+    def decide(self, log_scores, context_len, latency, overhead_s):
+        return super().decide(log_scores, context_len, latency, overhead_s).n
+
+    def choose(self, log_scores, context_len, latency, overhead_s):
+        return super().decide(log_scores, context_len, latency, overhead_s).n
 
 
 @pytest.mark.parametrize(
@@ -356,7 +368,8 @@ class LyingDecision(Speedup):
         (TensorResult(), "Python int"),
         (Mutating(), "modified log_scores"),
         (Alternating(), "for the same inputs"),
-        (LyingDecision(), "last_decision.n"),
+        (LyingDecision(), r"decide\(\).n="),
+        (UntypedDecision(), "must return a BudgetDecision"),
     ],
     ids=lambda x: type(x).__name__ if not isinstance(x, str) else "",
 )
@@ -433,26 +446,48 @@ def test_check_component_creates_through_the_registry_and_names_missing_componen
         check_component("verifier", "nope", registry=reg)
 
 
-@pytest.mark.parametrize("kind", bastion.registry.kinds())
-def test_every_registered_component_with_default_options_passes_its_contract_check(kind):
-    """Built-ins and installed plugins alike: anything constructible without options must pass."""
-    for name in bastion.registry.names(kind):
-        try:
-            component = bastion.registry.create(kind, name)
-        except (TypeError, BastionError):  # needs options (a checkpoint, a model config...): own tests cover it
-            continue
-        if kind == "drafter":
-            try:
-                component.vocab_size
-            except InvalidInputError:  # learns its vocabulary from the target at bind()
-                component = bastion.registry.create(kind, name, vocab_size=V)
-        kwargs: dict = {"best_first": True} if (kind, name) == ("tree_builder", "best-first") else {}
-        if kind == "verifier":
-            kwargs = {"trials": 600, "tolerance": 0.12}
-        {
-            "drafter": check_drafter,
-            "tree_builder": check_tree_builder,
-            "latency_model": check_latency_model,
-            "budget_controller": check_budget_controller,
-            "verifier": check_verifier,
-        }[kind](component, **kwargs)
+#: components that need options to exist: (kind, name) -> a function of a pytest TempPathFactory
+#: returning (creation options, extra check arguments). Everything else is created without options.
+def _roofline_setup(_tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
+    from bastion.testing.tiny import tiny_config
+
+    options = {"model_config": tiny_config("qwen3"), "device": "cpu", "profile": None, "probe": False}
+    return options, {"calibration": True}
+
+
+def _dflash_setup(tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
+    from bastion.core.hf_target import HFTarget
+    from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel
+    from bastion.testing.tiny import tiny_model
+
+    target = HFTarget(tiny_model("qwen3", seed=0))
+    torch.manual_seed(3)
+    cfg = DFlashConfig.for_target(target.config, num_layers=1, block_size=4, target_layer_ids=(0, 1), mask_token_id=255)
+    directory = DFlashDraftModel(cfg).save_pretrained(tmp.mktemp("dflash"))
+    return {"checkpoint": str(directory), "device": "cpu", "dtype": "float32"}, {"target": target}
+
+
+def _example_ngram_setup(_tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
+    return {"vocab_size": V}, {}
+
+
+NEEDS_OPTIONS = {
+    ("latency_model", "roofline"): _roofline_setup,
+    ("drafter", "dflash"): _dflash_setup,
+    ("drafter", "example-ngram"): _example_ngram_setup,
+}
+CHECK_ARGS = {("tree_builder", "best-first"): {"best_first": True}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"), [(c.kind, c.name) for c in bastion.registry.components()], ids=lambda x: str(x)
+)
+def test_every_registered_component_passes_its_contract_check(kind, name, tmp_path_factory):
+    """Built-ins and installed plugins alike, each created through the registry with real options."""
+    setup = NEEDS_OPTIONS.get((kind, name))
+    options, check_args = setup(tmp_path_factory) if setup else ({}, {})
+    try:
+        bastion.registry.create(kind, name, **options)
+    except (TypeError, BastionError) as exc:
+        pytest.fail(f"{kind} {name!r} cannot be created with {sorted(options)}: {exc}; add it to NEEDS_OPTIONS")
+    check_component(kind, name, options=options, **{**CHECK_ARGS.get((kind, name), {}), **check_args})

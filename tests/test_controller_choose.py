@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import bastion
 from bastion.controllers import BastionController, FixedController
-from bastion.core import BudgetController, InvalidInputError, LatencyModel
+from bastion.core import BudgetController, BudgetDecision, InvalidInputError, LatencyModel
 
 
 class PlantedLatency(LatencyModel):
@@ -74,9 +74,10 @@ def test_scan_returns_exact_argmax_of_planted_speedup(rho, base, per_token, knee
     best = max(s)
     assert math.isclose(s[n - 1], best, rel_tol=1e-9)
     assert n == next(size for size, v in zip(sizes, s) if math.isclose(v, best, rel_tol=1e-9))  # smallest among ties
-    assert ctrl.last_decision is not None and ctrl.last_decision.n == n
-    assert math.isclose(ctrl.last_decision.predicted_speedup, best, rel_tol=1e-9)
-    assert math.isclose(ctrl.last_decision.predicted_accept, sum(math.exp(x) for x in rho[:n]), rel_tol=1e-9)
+    decision = ctrl.decide(scores, 37, lat, overhead)
+    assert isinstance(decision, BudgetDecision) and decision.n == n
+    assert math.isclose(decision.predicted_speedup, best, rel_tol=1e-9)
+    assert math.isclose(decision.predicted_accept, sum(math.exp(x) for x in rho[:n]), rel_tol=1e-9)
 
 
 @given(rho=planted_rho(), base=st.floats(1e-4, 5e-2), per_token=st.floats(1e-6, 2e-3), knee=st.integers(1, 80), jump=st.floats(0.0, 2e-2))
@@ -144,7 +145,9 @@ def test_fixed_controller_returns_its_budget_capped_by_tree_size():
     assert FixedController(budget=3).choose(rho, 0, lat, 0.0) == 3
     ctrl = FixedController(budget=16)
     assert ctrl.choose(rho, 0, lat, 0.0) == 4
-    assert math.isclose(ctrl.last_decision.predicted_accept, float(rho.exp().sum()), rel_tol=1e-6)
+    decision = ctrl.decide(rho, 0, lat, 0.0)
+    assert decision.n == 4
+    assert math.isclose(decision.predicted_accept, float(rho.exp().sum()), rel_tol=1e-6)
     assert FixedController(budget=1, estimate=False).choose(rho, 0, lat, 0.0) == 1
 
 

@@ -124,8 +124,9 @@ def test_registry_creates_roofline_with_the_pipelines_options():
     assert "roofline" in bastion.registry.names("latency_model")
     model = bastion.registry.create("latency_model", "roofline", model_config=tiny_config("qwen3"), device="cpu")
     assert isinstance(model, RooflineLatency) and model.predict(4, 10) > 0
-    with pytest.raises(InvalidInputError):
-        bastion.registry.create("latency_model", "roofline", device="cpu")
+    unbound = bastion.registry.create("latency_model", "roofline", device="cpu")
+    with pytest.raises(InvalidInputError, match="bind it to a target"):
+        unbound.predict(4, 10)
     with pytest.raises(InvalidInputError):
         RooflineLatency(model_config=tiny_config("qwen3"), half_life=0.0)
 

@@ -6,7 +6,6 @@ import sys
 import types
 import warnings
 
-import pluggy
 import pytest
 
 import bastion
@@ -34,6 +33,15 @@ from bastion.core.hookspecs import hookimpl
 def bastion_register_components(register):
     register("verifier", "fake-unique", "x:y")
     register("drafter", "fake-good", "x:y")
+"""
+
+
+TYPO = """
+from bastion.core.hookspecs import hookimpl
+
+@hookimpl
+def bastion_register_component(register):
+    register("drafter", "typo-drafter", "x:y")
 """
 
 
@@ -111,18 +119,59 @@ def test_create_passes_options_and_resolves_lazy_factories():
     assert model.predict(1, 1) > 0.5
 
 
-def test_check_pending_fails_on_a_misspelled_hook():
+def test_a_runtime_plugin_with_a_misspelled_hook_is_refused_naming_the_hook():
     reg = _isolated()
     mod = types.ModuleType("typo_plugin")
 
     @hookimpl
     def bastion_register_component(register):  # missing the final "s"
-        pass
+        register("verifier", "never-registered", "x:y")
 
     mod.bastion_register_component = bastion_register_component  # type: ignore[attr-defined]
-    reg.register_plugin(mod, name="typo_plugin")
-    with pytest.raises(pluggy.PluginValidationError, match="bastion_register_component"):
-        reg.check_pending()
+    with pytest.raises(PluginLoadError, match=r"'typo_plugin' implements unknown hook\(s\) bastion_register_component"):
+        reg.register_plugin(mod, name="typo_plugin")
+    assert not reg.pm.has_plugin("typo_plugin")
+    reg.check_pending()  # nothing of the refused plugin stays pending
+
+
+def test_an_entry_point_with_a_misspelled_hook_is_a_listed_failure_naming_the_hook(fake_plugin_dist):
+    ep = fake_plugin_dist("fake-typo-dist", "fake_typo_plugin", TYPO)
+    reg = Registry()
+    with pytest.warns(PluginLoadWarning, match="bastion_register_component"):
+        reg.load()
+    [failure] = [f for f in reg.failures() if f.plugin == ep]
+    assert failure.source == "fake-typo-dist"
+    assert "unknown hook(s) bastion_register_component" in failure.error
+    assert "typo-drafter" not in reg.names("drafter")
+
+
+def test_register_components_is_called_through_pluggy_once_per_plugin():
+    reg = _isolated()
+    calls: list[str] = []
+
+    class Plugin:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        @hookimpl
+        def bastion_register_components(self, register):
+            calls.append(self.name)
+            register("verifier", self.name, "x:y")
+
+    reg.register_plugin(Plugin("first"), name="first")
+    reg.register_plugin(Plugin("second"), name="second")
+    assert calls == ["first", "second"], "registering a plugin must not re-run the hooks of earlier plugins"
+    assert reg.info("verifier", "second").plugin == "second"
+
+
+def test_looking_up_a_builtin_imports_no_third_party_plugin(fake_plugin_dist):
+    ep = fake_plugin_dist("fake-good-dist", "fake_good_plugin", GOOD)
+    reg = Registry()
+    assert reg.info("tree_builder", "best-first").source == BUILTIN_SOURCE
+    reg.create("budget_controller", "fixed", budget=2)
+    assert ep not in sys.modules, "a built-in lookup imported a third-party entry point"
+    assert reg.info("drafter", "fake-good").source == "fake-good-dist"  # an unknown name loads the plugins
+    assert ep in sys.modules
 
 
 def test_entry_point_plugin_is_discovered_lazily_with_its_distribution_as_source(fake_plugin_dist):

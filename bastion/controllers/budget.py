@@ -30,21 +30,8 @@ __all__ = ["BastionController", "BastionDecision", "FixedController"]
 Rule = Literal["scan", "first-decrease"]
 
 
-class BastionDecision(BudgetDecision):
-    """A :class:`BudgetDecision` with the controller's predictions for the chosen size."""
-
-    __slots__ = ("predicted_accept", "predicted_cost_s")
-
-    def __init__(self, n: int, predicted_speedup: float | None, predicted_accept: float, predicted_cost_s: float) -> None:
-        super().__init__(n, predicted_speedup)
-        self.predicted_accept = predicted_accept  # A_hat(T_n)
-        self.predicted_cost_s = predicted_cost_s  # C(n), seconds per step
-
-    def __repr__(self) -> str:
-        return (
-            f"BastionDecision(n={self.n}, predicted_speedup={self.predicted_speedup!r}, "
-            f"predicted_accept={self.predicted_accept:.4g}, predicted_cost_s={self.predicted_cost_s:.4g})"
-        )
+#: the decision type of the built-in controllers (the interface's typed decision)
+BastionDecision = BudgetDecision
 
 
 def _check_int(name: str, value: object, low: int = 1) -> int:
@@ -129,6 +116,11 @@ class BastionController(BudgetController):
         return cached
 
     def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
+        return self.decide(log_scores, context_len, latency, overhead_s).n
+
+    def decide(
+        self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float
+    ) -> BudgetDecision:
         scores = _scores_to_numpy(log_scores)  # [n_max]
         overhead = _check_overhead(overhead_s) + self.extra_overhead_s
         sizes, sizes_t = self._sizes(scores.shape[0])
@@ -142,9 +134,9 @@ class BastionController(BudgetController):
         else:
             drops = speedup[1:] < speedup[:-1]  # drops[j]: S falls from cand[j] to cand[j + 1]
             k = int(np.argmax(drops)) if drops.any() else cand.size - 1
-        n = int(cand[k])
-        self.last_decision = BastionDecision(n, float(speedup[k]), float(a_hat[k]), float(cost[k]))
-        return n
+        return BudgetDecision(
+            int(cand[k]), float(speedup[k]), predicted_accept=float(a_hat[k]), predicted_cost_s=float(cost[k])
+        )
 
     def __repr__(self) -> str:
         return f"BastionController(rule={self.rule!r}, min_budget={self.min_budget}, max_budget={self.max_budget}, buckets={self.buckets})"
@@ -161,6 +153,11 @@ class FixedController(BudgetController):
         self.estimate = bool(estimate)
 
     def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
+        return self.decide(log_scores, context_len, latency, overhead_s).n
+
+    def decide(
+        self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float
+    ) -> BudgetDecision:
         if not isinstance(log_scores, torch.Tensor) or log_scores.dim() != 1 or log_scores.shape[0] < 1:
             raise InvalidInputError("log_scores must be a non-empty 1-D tensor")
         n = min(self.budget, int(log_scores.shape[0]))
@@ -168,10 +165,8 @@ class FixedController(BudgetController):
             a_hat = float(log_scores[:n].detach().double().exp().sum())
             times = latency.predict_many(torch.tensor([1, n]), context_len)
             cost = _check_overhead(overhead_s) + float(times[1])
-            self.last_decision = BastionDecision(n, a_hat * float(times[0]) / cost, a_hat, cost)
-        else:
-            self.last_decision = BudgetDecision(n, None)
-        return n
+            return BudgetDecision(n, a_hat * float(times[0]) / cost, predicted_accept=a_hat, predicted_cost_s=cost)
+        return BudgetDecision(n)
 
     def __repr__(self) -> str:
         return f"FixedController(budget={self.budget})"

@@ -21,14 +21,15 @@ from typing import Any, Callable, Protocol
 
 import pluggy
 
+from bastion.core.interfaces import KINDS
+
+__all__ = ["KINDS", "NAME", "Register", "bastion_register_components", "hookimpl", "hookspec"]
+
 NAME = "bastion"
 #: marker for hook specifications (used by bastion itself)
 hookspec = pluggy.HookspecMarker(NAME)
 #: marker for hook implementations (used by built-ins and plugins alike)
 hookimpl = pluggy.HookimplMarker(NAME)
-
-KINDS: tuple[str, ...] = ("drafter", "tree_builder", "latency_model", "budget_controller", "verifier")
-
 
 class Register(Protocol):
     """The callable passed to :func:`bastion_register_components`."""
@@ -43,7 +44,8 @@ def bastion_register_components(register: Register) -> None:
     """Register pipeline components.
 
     Call ``register(kind, name, factory, description=...)`` once per component. ``kind`` is one of
-    ``"drafter"``, ``"tree_builder"``, ``"latency_model"``, ``"budget_controller"``, ``"verifier"``;
-    ``factory(**options)`` must return an instance of the matching interface in :mod:`bastion.core`.
+    :data:`KINDS` (``"drafter"``, ``"tree_builder"``, ``"latency_model"``, ``"budget_controller"``,
+    ``"verifier"``); ``factory(**options)`` must return an instance of the matching interface in
+    :data:`bastion.core.interfaces.COMPONENT_INTERFACES`.
     Registering a (kind, name) pair that another source already registered is an error naming both.
     """

@@ -8,9 +8,12 @@ the ``bastion_register_components`` hook (see :mod:`bastion.core.hookspecs`).
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, ClassVar
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, ClassVar, Mapping
 
 import torch
+from attrs import field, frozen
 
 from bastion.core.tree import Tree
 from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, Verdict
@@ -18,7 +21,16 @@ from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfi
 if TYPE_CHECKING:
     from bastion.core.target import Target
 
-__all__ = ["Drafter", "TreeBuilder", "LatencyModel", "BudgetController", "Verifier", "BudgetDecision"]
+__all__ = [
+    "COMPONENT_INTERFACES",
+    "KINDS",
+    "BudgetController",
+    "BudgetDecision",
+    "Drafter",
+    "LatencyModel",
+    "TreeBuilder",
+    "Verifier",
+]
 
 
 class Drafter(abc.ABC):
@@ -58,9 +70,26 @@ class Drafter(abc.ABC):
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Drop all per-sequence state."""
 
+    @classmethod
+    def claims_checkpoint(cls, path: str | Path) -> bool:
+        """Whether this drafter loads the checkpoint at ``path`` (a local directory or a hub id).
+
+        ``Pipeline.from_pretrained(target, path)`` asks every registered drafter and creates the one
+        that claims the path with ``checkpoint=path, device=..., dtype=...``. Claim only checkpoints
+        you can load (look at the files, do not just accept every directory): when several drafters
+        claim one path, the pipeline refuses to guess and names them. Must not raise; return False
+        when the path cannot be read.
+        """
+        return False
+
 
 class TreeBuilder(abc.ABC):
     """Turns marginals into a verification tree whose node order keeps every prefix prefix-closed."""
+
+    #: True when :meth:`build` returns valid trees by construction (checked by the contract kit's
+    #: ``check_tree_builder``), so the pipeline need not re-validate every tree it builds. Leave False
+    #: to have the pipeline validate each tree (the default for third-party builders).
+    builds_valid_trees: ClassVar[bool] = False
 
     @abc.abstractmethod
     def build(self, marginals: Marginals, root_token: int, max_nodes: int) -> Tree:
@@ -70,6 +99,11 @@ class TreeBuilder(abc.ABC):
 class LatencyModel(abc.ABC):
     """Predicts the seconds of one target forward over ``n_tokens`` tree tokens after ``context_len``
     committed tokens, and learns from measured verify times."""
+
+    def bind(self, target: "Target") -> None:  # noqa: B027 - optional hook
+        """Attach to the target whose forwards this model predicts (read its config, device and
+        dtype). Called once when a pipeline is assembled; options given at construction take
+        precedence over what the target says."""
 
     @abc.abstractmethod
     def predict(self, n_tokens: int, context_len: int) -> float:
@@ -85,21 +119,23 @@ class LatencyModel(abc.ABC):
         return torch.tensor([self.predict(int(n), context_len) for n in n_tokens.tolist()], dtype=torch.float64)
 
 
+@frozen
 class BudgetDecision:
-    """What a controller may expose about its last choice (for step records and benchmarks)."""
+    """A controller's choice for one step: the tree size ``n`` and, when the controller estimates them,
+    its predictions for that size (for step records and benchmarks)."""
 
-    __slots__ = ("n", "predicted_speedup")
-
-    def __init__(self, n: int, predicted_speedup: float | None) -> None:
-        self.n = n
-        self.predicted_speedup = predicted_speedup
+    n: int
+    predicted_speedup: float | None = None  # S(n), predicted speedup over plain decoding
+    predicted_accept: float | None = field(default=None, kw_only=True)  # A_hat(T_n)
+    predicted_cost_s: float | None = field(default=None, kw_only=True)  # C(n), seconds per step
 
 
 class BudgetController(abc.ABC):
-    """Chooses how many nodes of the best-first tree to verify this step."""
+    """Chooses how many nodes of the best-first tree to verify this step.
 
-    #: set by :meth:`choose` implementations that estimate speedup; read by the pipeline
-    last_decision: BudgetDecision | None = None
+    Implement :meth:`choose`; implement :meth:`decide` too when the controller predicts the speedup of
+    its choice (then ``choose`` can return ``self.decide(...).n``). The pipeline calls :meth:`decide`.
+    """
 
     @abc.abstractmethod
     def choose(
@@ -107,6 +143,13 @@ class BudgetController(abc.ABC):
     ) -> int:
         """``log_scores`` FloatTensor[n_max]: log rho in node order (root first). ``overhead_s``: draft
         and other non-verify seconds per step. Return n with 1 <= n <= n_max."""
+
+    def decide(
+        self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float
+    ) -> BudgetDecision:
+        """:meth:`choose` with its predictions, as a typed :class:`BudgetDecision` (the default wraps
+        :meth:`choose` and predicts nothing)."""
+        return BudgetDecision(self.choose(log_scores, context_len, latency, overhead_s))
 
 
 class Verifier(abc.ABC):
@@ -125,3 +168,18 @@ class Verifier(abc.ABC):
     ) -> Verdict:
         """``logits`` FloatTensor[n, V]: target logits at every node (row i predicts the token after
         node i). Return the accepted root-to-node path and the bonus token."""
+
+
+#: the one table of component kinds: kind name -> the interface its components implement (hook
+#: specifications, the registry, the pipeline and the contract kit all read it)
+COMPONENT_INTERFACES: Mapping[str, type] = MappingProxyType(
+    {
+        "drafter": Drafter,
+        "tree_builder": TreeBuilder,
+        "latency_model": LatencyModel,
+        "budget_controller": BudgetController,
+        "verifier": Verifier,
+    }
+)
+#: the component kinds, in pipeline order
+KINDS: tuple[str, ...] = tuple(COMPONENT_INTERFACES)

@@ -12,8 +12,16 @@ from typing import Any, Mapping
 
 import torch
 
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.core.interfaces import BudgetController, Drafter, LatencyModel, TreeBuilder, Verifier
+from bastion.core.errors import IncompatibleComponentsError, InvalidInputError, TreeValidationError
+from bastion.core.interfaces import (
+    COMPONENT_INTERFACES,
+    BudgetController,
+    BudgetDecision,
+    Drafter,
+    LatencyModel,
+    TreeBuilder,
+    Verifier,
+)
 from bastion.core.registry import Registry, registry as default_registry
 from bastion.core.sampling import sample_tokens
 from bastion.core.target import Target
@@ -25,25 +33,18 @@ from bastion.core.types import (
     Marginals,
     SamplingConfig,
     StageTimings,
+    StepOutcome,
     StepRecord,
 )
 
 __all__ = ["Pipeline"]
-
-_INTERFACES: dict[str, type] = {
-    "drafter": Drafter,
-    "tree_builder": TreeBuilder,
-    "latency_model": LatencyModel,
-    "budget_controller": BudgetController,
-    "verifier": Verifier,
-}
 
 #: weight of the newest step in the running mean of per-step non-verify overhead
 _OVERHEAD_EMA = 0.2
 
 
 def _check_instance(kind: str, obj: Any) -> Any:
-    iface = _INTERFACES[kind]
+    iface = COMPONENT_INTERFACES[kind]
     if not isinstance(obj, iface):
         raise InvalidInputError(
             f"{kind} must be a registered name or an instance of bastion.core.{iface.__name__}, "
@@ -59,11 +60,11 @@ class Pipeline:
         self,
         target: Target,
         drafter: Drafter | str,
+        *,
         tree_builder: TreeBuilder | str = "best-first",
         budget_controller: BudgetController | str = "bastion",
         latency_model: LatencyModel | str = "roofline",
         verifier: Verifier | str = "exact",
-        *,
         max_nodes: int = 64,
         tokenizer: Any = None,
         validate_trees: bool | None = None,
@@ -76,28 +77,29 @@ class Pipeline:
             raise InvalidInputError(f"max_nodes must be an int >= 1, got {max_nodes!r}")
         self.registry = registry or default_registry
         opts = {k: dict(v) for k, v in (component_options or {}).items()}
-        unknown = set(opts) - set(_INTERFACES)
+        unknown = set(opts) - set(COMPONENT_INTERFACES)
         if unknown:
-            raise InvalidInputError(f"component_options has unknown kinds {sorted(unknown)}; kinds are {list(_INTERFACES)}")
+            raise InvalidInputError(
+                f"component_options has unknown kinds {sorted(unknown)}; kinds are {list(COMPONENT_INTERFACES)}"
+            )
         self.target = target
         self.tokenizer = tokenizer
         self.max_nodes = max_nodes
 
-        def resolve(kind: str, value: Any, **defaults: Any) -> Any:
+        def resolve(kind: str, value: Any) -> Any:
             if isinstance(value, str):
-                value = self.registry.create(kind, value, **{**defaults, **opts.get(kind, {})})
+                value = self.registry.create(kind, value, **opts.get(kind, {}))
             return _check_instance(kind, value)
 
         self.drafter: Drafter = resolve("drafter", drafter)
         self.tree_builder: TreeBuilder = resolve("tree_builder", tree_builder)
         self.budget_controller: BudgetController = resolve("budget_controller", budget_controller)
-        self.latency_model: LatencyModel = resolve(
-            "latency_model", latency_model, model_config=target.config, device=str(target.device)
-        )
+        self.latency_model: LatencyModel = resolve("latency_model", latency_model)
         self.verifier: Verifier = resolve("verifier", verifier)
-        if validate_trees is None:  # trust bastion's own builders, check everything else
-            validate_trees = not type(self.tree_builder).__module__.startswith("bastion.")
-        self.validate_trees = validate_trees
+        if validate_trees is None:  # builders that guarantee valid trees declare it; check all others
+            validate_trees = not self.tree_builder.builds_valid_trees
+        self.validate_trees = bool(validate_trees)
+        self.latency_model.bind(target)
         self.drafter.bind(target)
         if self.drafter.vocab_size != target.vocab_size:
             raise IncompatibleComponentsError(
@@ -111,11 +113,11 @@ class Pipeline:
         cls,
         target: str | Path | Target,
         drafter: str | Path | Drafter,
+        *,
         tree_builder: TreeBuilder | str = "best-first",
         budget_controller: BudgetController | str = "bastion",
-        verifier: Verifier | str = "exact",
         latency_model: LatencyModel | str = "roofline",
-        *,
+        verifier: Verifier | str = "exact",
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         max_nodes: int = 64,
@@ -124,8 +126,9 @@ class Pipeline:
         component_options: Mapping[str, Mapping[str, Any]] | None = None,
         registry: Registry | None = None,
     ) -> "Pipeline":
-        """Load a target (local dir or hub id) and a drafter (a registered drafter name, a DFlash
-        checkpoint dir or hub id, or an instance), then assemble the pipeline."""
+        """Load a target (local dir or hub id) and a drafter (a registered drafter name, an instance, or
+        a checkpoint dir or hub id that a registered drafter claims, see
+        :meth:`bastion.core.Drafter.claims_checkpoint`), then assemble the pipeline."""
         from bastion.core.hf_target import HFTarget
 
         reg = registry or default_registry
@@ -134,19 +137,23 @@ class Pipeline:
             target = HFTarget.from_pretrained(target_path, device=device, dtype=dtype, attn_implementation=attn_implementation)
             if tokenizer is None:
                 tokenizer = _try_tokenizer(target_path)
-        if isinstance(drafter, (str, Path)) and not isinstance(drafter, Drafter):
+        if isinstance(drafter, (str, Path)):
+            drafter_options = dict((component_options or {}).get("drafter", {}))
             name = str(drafter)
             if name in reg.names("drafter"):
-                drafter = reg.create("drafter", name, **dict((component_options or {}).get("drafter", {})))
+                drafter = reg.create("drafter", name, **drafter_options)
             else:
-                drafter = reg.create("drafter", "dflash", checkpoint=name, device=device, dtype=dtype)
+                claimant = reg.drafter_for_checkpoint(name)
+                drafter = reg.create(
+                    "drafter", claimant, **{"checkpoint": name, "device": device, "dtype": dtype, **drafter_options}
+                )
         return cls(
             target,
             drafter,
-            tree_builder,
-            budget_controller,
-            latency_model,
-            verifier,
+            tree_builder=tree_builder,
+            budget_controller=budget_controller,
+            latency_model=latency_model,
+            verifier=verifier,
             max_nodes=max_nodes,
             tokenizer=tokenizer,
             component_options={k: v for k, v in (component_options or {}).items() if k != "drafter"},
@@ -217,7 +224,8 @@ class Pipeline:
                 break
             # a tree of depth d emits at most d + 1 tokens: never draft deeper than the tokens still wanted
             max_depth = min(room, max_new_tokens - len(out) - 1)
-            record, verdict = self._step(root, ctx, max_depth, sampling, generator, draft_temperature)
+            outcome = self._step(root, ctx, max_depth, sampling, generator, draft_temperature)
+            record, verdict = outcome.record, outcome.verdict
             emitted = list(verdict.emitted)[: max_new_tokens - len(out)]
             for i, tok in enumerate(emitted):
                 if tok in eos:
@@ -279,10 +287,10 @@ class Pipeline:
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         draft_temperature: float,
-    ) -> tuple[StepRecord, Any]:
+    ) -> StepOutcome:
         layers = self.drafter.feature_layers
         t0 = time.perf_counter()
-        self.budget_controller.last_decision = None
+        decision: BudgetDecision | None = None
         if max_depth < 1:  # one token left to emit (or no position left to draft into): a plain target step
             tree = Tree.from_parents(torch.tensor([root], device=self.target.device), [-1])
             n = 1
@@ -296,14 +304,10 @@ class Pipeline:
             if self.validate_trees:
                 _validate_built(tree, root, self.target.vocab_size)
             t2 = time.perf_counter()
-            n = self.budget_controller.choose(tree.log_scores, ctx, self.latency_model, self._overhead_s)
-            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= len(tree):
-                raise InvalidInputError(
-                    f"budget controller {type(self.budget_controller).__name__} returned {n!r}; need 1 <= n <= {len(tree)}"
-                )
+            decision = self.budget_controller.decide(tree.log_scores, ctx, self.latency_model, self._overhead_s)
+            n = _checked_size(self.budget_controller, decision, len(tree))
             tree = tree.truncate(n)
             t3 = time.perf_counter()
-        decision = self.budget_controller.last_decision
         out = self.target.forward_tree(tree, layers)
         self._sync()
         t4 = time.perf_counter()
@@ -331,7 +335,7 @@ class Pipeline:
                 draft=t1 - t0, tree=t2 - t1, controller=t3 - t2, verify=t4 - t3, accept=t5 - t4, commit=t6 - t5, other=t7 - t6
             ),
         )
-        return record, verdict
+        return StepOutcome(record=record, verdict=verdict)
 
     # ------------------------------------------------------------------ helpers
     def _check_prompt(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -384,11 +388,20 @@ def _with_emitted(record: StepRecord, emitted: int) -> StepRecord:
     return attrs.evolve(record, emitted=emitted)
 
 
+def _checked_size(controller: BudgetController, decision: object, n_max: int) -> int:
+    """The tree size of a controller's decision, checked against 1 <= n <= n_max."""
+    name = type(controller).__name__
+    if not isinstance(decision, BudgetDecision):
+        raise InvalidInputError(f"budget controller {name}.decide returned {type(decision).__name__}, not a BudgetDecision")
+    n = decision.n
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= n_max:
+        raise InvalidInputError(f"budget controller {name} returned {n!r}; need 1 <= n <= {n_max}")
+    return n
+
+
 def _validate_built(tree: Tree, root: int, vocab_size: int) -> None:
     tree.validate(vocab_size=vocab_size)
     if int(tree.tokens[0]) != root:
-        from bastion.core.errors import TreeValidationError
-
         raise TreeValidationError(f"root first: node 0 holds token {int(tree.tokens[0])}, expected the root {root}")
 
 

@@ -1,6 +1,9 @@
 """The component registry: (kind, name) -> factory, fed by built-ins and entry-point plugins alike.
 
-Entry points of the ``bastion`` group load lazily, once, on the first query. Set the environment variable
+Built-ins load on the first query; entry points of the ``bastion`` group load lazily, once, on the first
+query a built-in cannot answer (looking up a built-in name imports no third-party code). Hooks are called
+through pluggy, one plugin at a time, and each plugin's hook implementations are checked against the hook
+specifications when it registers: a misspelled hook name is a listed failure naming it. Set the variable
 ``BASTION_BLOCK_PLUGINS`` to a comma-separated list of entry-point or distribution names to keep those
 plugins from loading (``*`` blocks every third-party plugin). A plugin that fails to import or register
 is reported with a :class:`PluginLoadError` warning naming it; built-ins and other plugins keep working.
@@ -20,7 +23,12 @@ import attrs
 import pluggy
 
 from bastion.core import hookspecs
-from bastion.core.errors import DuplicateComponentError, PluginLoadError, UnknownComponentError
+from bastion.core.errors import (
+    DuplicateComponentError,
+    IncompatibleComponentsError,
+    PluginLoadError,
+    UnknownComponentError,
+)
 from bastion.core.hookspecs import KINDS
 
 __all__ = [
@@ -82,6 +90,7 @@ class Registry:
         self._components: dict[tuple[str, str], ComponentInfo] = {}
         self._failures: list[PluginFailure] = []
         self._blocked: list[str] = []
+        self._builtins_loaded = False
         self._loaded = False
         self._lock = threading.RLock()
         self.pm = pluggy.PluginManager(hookspecs.NAME)
@@ -98,7 +107,9 @@ class Registry:
 
     def info(self, kind: str, name: str) -> ComponentInfo:
         self._check_kind(kind)
-        self.load()
+        self._load_builtins()
+        if (kind, name) not in self._components:  # only now import third-party entry points
+            self.load()
         try:
             return self._components[(kind, name)]
         except KeyError:
@@ -121,6 +132,31 @@ class Registry:
                 f"{info.factory!r}: {type(exc).__name__}: {exc}"
             ) from exc
         return factory(**options)
+
+    def drafter_for_checkpoint(self, path: str) -> str:
+        """The name of the one registered drafter whose ``claims_checkpoint(path)`` is true.
+
+        Raises :class:`UnknownComponentError` when none claims ``path`` and
+        :class:`IncompatibleComponentsError` when several do (pass the drafter by name then)."""
+        claimants = []
+        for name in self.names("drafter"):
+            try:
+                claims = getattr(_resolve(self._components[("drafter", name)].factory), "claims_checkpoint", None)
+                if claims is not None and claims(path) is True:
+                    claimants.append(name)
+            except Exception:  # a drafter that cannot even be imported or asked claims nothing
+                continue
+        if not claimants:
+            raise UnknownComponentError(
+                f"{path!r} is neither a registered drafter ({', '.join(self.names('drafter')) or 'none'}) nor a "
+                "checkpoint any registered drafter claims"
+            )
+        if len(claimants) > 1:
+            raise IncompatibleComponentsError(
+                f"several drafters claim checkpoint {path!r}: {', '.join(claimants)}; create the drafter yourself, "
+                f"e.g. bastion.registry.create('drafter', {claimants[0]!r}, checkpoint=...)"
+            )
+        return claimants[0]
 
     def components(self) -> list[ComponentInfo]:
         self.load()
@@ -150,13 +186,15 @@ class Registry:
         self._add(ComponentInfo(kind, name, factory, source, plugin, description))
 
     def register_plugin(self, module: ModuleType | object, *, name: str | None = None, source: str = "runtime") -> None:
-        """Register a hook-implementing object (module or instance) as a plugin and collect its components."""
+        """Register a hook-implementing object (module or instance) as a plugin and collect its components.
+        Raises :class:`PluginLoadError` naming any hook it implements that bastion does not specify."""
         self.load()
         with self._lock:
             self._register_plugin(module, name or getattr(module, "__name__", repr(module)), source)
 
     def check_pending(self) -> None:
-        """Fail on hook implementations that match no hook specification."""
+        """Fail on hook implementations that match no hook specification (every plugin is already
+        checked when it registers; this re-checks the whole plugin manager)."""
         self.load()
         self.pm.check_pending()
 
@@ -164,16 +202,25 @@ class Registry:
         """Load built-ins and entry-point plugins once (idempotent, thread-safe)."""
         if self._loaded:
             return
+        self._load_builtins()
         with self._lock:
             if self._loaded:
                 return
             self._loaded = True
-            for modname in self._builtin_plugins:
-                self._register_plugin(importlib.import_module(modname), modname, BUILTIN_SOURCE)
             if self._load_entry_points:
                 self._load_plugins()
 
     # ---------------------------------------------------------------- internals
+    def _load_builtins(self) -> None:
+        if self._builtins_loaded:
+            return
+        with self._lock:
+            if self._builtins_loaded:
+                return
+            self._builtins_loaded = True
+            for modname in self._builtin_plugins:
+                self._register_plugin(importlib.import_module(modname), modname, BUILTIN_SOURCE)
+
     def _check_kind(self, kind: str) -> None:
         if kind not in KINDS:
             raise UnknownComponentError(f"unknown component kind {kind!r}; kinds are {', '.join(KINDS)}")
@@ -193,16 +240,30 @@ class Registry:
 
     def _register_plugin(self, plugin: object, name: str, source: str) -> None:
         self.pm.register(plugin, name=name)
-        for impl in self.pm.hook.bastion_register_components.get_hookimpls():
-            if impl.plugin is not plugin:
+        unknown = self._unknown_hooks(plugin)
+        if unknown:
+            self.pm.unregister(plugin)
+            specified = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("bastion_")))
+            raise PluginLoadError(
+                f"plugin {name!r} implements unknown hook(s) {', '.join(unknown)}; bastion's hooks are: {specified}"
+            )
+
+        def register(kind: str, cname: str, factory: Callable[..., Any] | str, *, description: str = "") -> None:
+            self._add(ComponentInfo(kind, cname, factory, source, name, description))
+
+        others = [p for p in self.pm.get_plugins() if p is not plugin]
+        self.pm.subset_hook_caller("bastion_register_components", remove_plugins=others)(register=register)
+
+    def _unknown_hooks(self, plugin: object) -> list[str]:
+        """Names of hooks ``plugin`` implements that no specification declares (pluggy's
+        ``check_pending``, for one plugin)."""
+        unknown = []
+        for caller in self.pm.get_hookcallers(plugin) or []:
+            if caller.has_spec():
                 continue
-
-            def register(
-                kind: str, cname: str, factory: Callable[..., Any] | str, *, description: str = ""
-            ) -> None:
-                self._add(ComponentInfo(kind, cname, factory, source, name, description))
-
-            impl.function(register=register)
+            if any(impl.plugin is plugin and not impl.optionalhook for impl in caller.get_hookimpls()):
+                unknown.append(caller.name)
+        return sorted(unknown)
 
     def _load_plugins(self) -> None:
         blocked = {b.strip() for b in os.environ.get(BLOCK_ENV, "").split(",") if b.strip()}

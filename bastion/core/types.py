@@ -24,6 +24,7 @@ __all__ = [
     "Verdict",
     "StageTimings",
     "StepRecord",
+    "StepOutcome",
     "GenerationResult",
 ]
 
@@ -201,6 +202,15 @@ class StepRecord:
     predicted_accept: float  # A_hat(T_n) = sum of rho over the verified tree (root included)
     predicted_speedup: float | None  # the controller's S(n) estimate, when it provides one
     timings: StageTimings
+
+
+@frozen
+class StepOutcome:
+    """What one pipeline step returns: its record and the verifier's verdict (the accepted path and the
+    next root)."""
+
+    record: StepRecord
+    verdict: Verdict
 
 
 @frozen

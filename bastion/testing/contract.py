@@ -23,7 +23,15 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from bastion.core.interfaces import BudgetController, Drafter, LatencyModel, TreeBuilder, Verifier
+from bastion.core.interfaces import (
+    COMPONENT_INTERFACES,
+    BudgetController,
+    BudgetDecision,
+    Drafter,
+    LatencyModel,
+    TreeBuilder,
+    Verifier,
+)
 from bastion.core.sampling import processed_log_probs
 from bastion.core.target import Target
 from bastion.core.tree import Tree
@@ -385,7 +393,8 @@ def check_budget_controller(
 
     For best-first score vectors (non-increasing log rho, root 0.0) of several sizes, context lengths
     and overheads: ``choose`` returns an ``int`` n with 1 <= n <= n_max, leaves ``log_scores`` untouched,
-    sets ``last_decision`` consistently when it sets it, returns the same n for the same inputs (unless
+    ``decide`` returns a :class:`~bastion.core.BudgetDecision` for the same n with a finite (or no)
+    predicted speedup, returns the same n for the same inputs (unless
     ``deterministic=False``), and raises for an empty score vector. ``latency`` defaults to
     :class:`FixedLatencyModel`.
     """
@@ -399,7 +408,6 @@ def check_budget_controller(
             for ov in overheads:
                 where = f"n_max={n_max}, context_len={c}, overhead_s={ov}"
                 before = scores.clone()
-                controller.last_decision = None
                 n = controller.choose(scores, c, latency, ov)
                 _require(
                     isinstance(n, int) and not isinstance(n, bool),
@@ -408,18 +416,26 @@ def check_budget_controller(
                 )
                 _require(1 <= n <= n_max, controller, f"{where}: choose() returned {n}; need 1 <= n <= {n_max}")
                 _require(torch.equal(scores, before), controller, f"{where}: choose() modified log_scores in place")
-                decision = controller.last_decision
-                if decision is not None:
-                    _require(decision.n == n, controller, f"{where}: last_decision.n={decision.n} but choose() returned {n}")
-                    s = decision.predicted_speedup
-                    _require(
-                        s is None or (isinstance(s, (int, float)) and math.isfinite(s)),
-                        controller,
-                        f"{where}: last_decision.predicted_speedup must be None or finite, got {s!r}",
-                    )
                 if deterministic:
                     again = controller.choose(scores, c, latency, ov)
                     _require(again == n, controller, f"{where}: choose() returned {n} then {again} for the same inputs")
+                decision = controller.decide(scores, c, latency, ov)
+                _require(
+                    isinstance(decision, BudgetDecision),
+                    controller,
+                    f"{where}: decide() must return a BudgetDecision, got {type(decision).__name__}",
+                )
+                _require(
+                    not deterministic or decision.n == n,
+                    controller,
+                    f"{where}: decide().n={decision.n} but choose() returned {n}",
+                )
+                s = decision.predicted_speedup
+                _require(
+                    s is None or (isinstance(s, (int, float)) and math.isfinite(s)),
+                    controller,
+                    f"{where}: decide().predicted_speedup must be None or finite, got {s!r}",
+                )
     _require(
         _raises(lambda: controller.choose(torch.zeros(0), 1, latency, 0.0)),
         controller,
@@ -557,12 +573,13 @@ def _check_sampling(
 
 
 # ---------------------------------------------------------------------------------------------- by name
-_CHECKS: dict[str, Callable[..., None]] = {
-    "drafter": check_drafter,
-    "tree_builder": check_tree_builder,
-    "latency_model": check_latency_model,
-    "budget_controller": check_budget_controller,
-    "verifier": check_verifier,
+#: the check for each interface (the kinds themselves come from ``COMPONENT_INTERFACES``)
+_CHECKS: dict[type, Callable[..., None]] = {
+    Drafter: check_drafter,
+    TreeBuilder: check_tree_builder,
+    LatencyModel: check_latency_model,
+    BudgetController: check_budget_controller,
+    Verifier: check_verifier,
 }
 
 
@@ -573,11 +590,11 @@ def check_component(kind: str, name: str, *, options: dict[str, Any] | None = No
         from bastion.core.registry import registry as default_registry
 
         registry = default_registry
-    if kind not in _CHECKS:
-        raise AssertionError(f"unknown component kind {kind!r}; kinds are {', '.join(_CHECKS)}")
+    if kind not in COMPONENT_INTERFACES:
+        raise AssertionError(f"unknown component kind {kind!r}; kinds are {', '.join(COMPONENT_INTERFACES)}")
     names = registry.names(kind)
     if name not in names:
         raise AssertionError(f"no {kind} named {name!r} is registered; registered: {', '.join(names) or 'none'}")
     component = registry.create(kind, name, **(options or {}))
-    _CHECKS[kind](component, **check_kwargs)
+    _CHECKS[COMPONENT_INTERFACES[kind]](component, **check_kwargs)
     return component

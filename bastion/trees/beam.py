@@ -22,6 +22,8 @@ class BeamBuilder(TreeBuilder):
     """Options: ``top_k`` children per expanded node (default 10), ``beam_width`` nodes expanded per depth
     (default 10), ``max_depth`` (default: the marginals' depth K)."""
 
+    builds_valid_trees = True  # checked by check_tree_builder in the test suite
+
     def __init__(self, top_k: int = 10, beam_width: int = 10, max_depth: int | None = None) -> None:
         if top_k is None or beam_width is None:
             raise InvalidInputError("the beam builder needs top_k and beam_width (ints >= 1), got None")

@@ -111,6 +111,8 @@ class BestFirstBuilder(TreeBuilder):
       top-k, so the result never depends on ``probe_k``; only the time does.
     """
 
+    builds_valid_trees = True  # checked by check_tree_builder in the test suite
+
     def __init__(self, max_depth: int | None = None, top_k: int | None = None, probe_k: int | None = 128) -> None:
         self.max_depth = check_optional_positive("max_depth", max_depth)
         self.top_k = check_optional_positive("top_k", top_k)

@@ -17,6 +17,8 @@ class ChainBuilder(TreeBuilder):
     With a block size B drafter (K = B - 1) and a large enough budget, the chain has B nodes.
     """
 
+    builds_valid_trees = True  # checked by check_tree_builder in the test suite
+
     def __init__(self, max_depth: int | None = None) -> None:
         self.max_depth = check_optional_positive("max_depth", max_depth)
 

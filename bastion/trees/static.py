@@ -98,6 +98,8 @@ def _normalize_choices(choices: Iterable[Sequence[int]]) -> tuple[tuple[int, ...
 class StaticBuilder(TreeBuilder):
     """Fixed-topology builder; see the module docstring for ``choices`` / ``branching``."""
 
+    builds_valid_trees = True  # checked by check_tree_builder in the test suite
+
     def __init__(
         self, choices: Sequence[Sequence[int]] | None = None, branching: Sequence[int] | None = None
     ) -> None:

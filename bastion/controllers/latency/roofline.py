@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from bastion.controllers.latency.fit import FitResult, RooflineParams, fit_roofl
 from bastion.controllers.latency.profiles import default_profile_path, load_profile, save_profile
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import LatencyModel
+
+if TYPE_CHECKING:
+    from bastion.core.target import Target
 
 __all__ = ["RooflineLatency", "prior_params"]
 
@@ -42,8 +45,9 @@ def prior_params(num_layers: int, device_type: str) -> RooflineParams:
 class RooflineLatency(LatencyModel):
     """Roofline verify-latency model calibrated online from observed verify times.
 
-    Options (all keyword): ``model_config`` (HF config or dict; or pass ``cost``), ``device`` (where the
-    target runs), ``dtype`` (overrides the config's), ``peak_flops`` / ``bandwidth`` (override device
+    Options (all keyword): ``model_config`` (HF config or dict; or pass ``cost``; default: the bound
+    target's), ``device`` (where the target runs; default: the bound target's, else CPU), ``dtype``
+    (overrides the config's; default: the bound target's), ``peak_flops`` / ``bandwidth`` (override device
     peaks), ``probe`` (allow the cached CPU / unknown-device micro-benchmark; default: unless
     ``BASTION_NO_DEVICE_PROBE=1``), ``params`` (start from these parameters), ``profile`` (``"auto"``:
     the user cache's profile file; a path; or ``None`` to ignore saved profiles), ``half_life``
@@ -54,7 +58,7 @@ class RooflineLatency(LatencyModel):
     def __init__(
         self,
         model_config: Any = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         *,
         dtype: Any = None,
         cost: ModelCost | None = None,
@@ -69,10 +73,6 @@ class RooflineLatency(LatencyModel):
         min_observations: int = 6,
         online: bool = True,
     ) -> None:
-        if cost is None:
-            if model_config is None:
-                raise InvalidInputError("the roofline latency model needs model_config (the target's config) or cost")
-            cost = ModelCost.from_config(model_config, dtype)
         if not (half_life > 0 and math.isfinite(half_life)):
             raise InvalidInputError(f"half_life must be a finite number > 0, got {half_life!r}")
         for name, value in (("window", window), ("refit_every", refit_every), ("min_observations", min_observations)):
@@ -80,16 +80,39 @@ class RooflineLatency(LatencyModel):
                 raise InvalidInputError(f"{name} must be an int >= 1, got {value!r}")
         if window < min_observations:
             raise InvalidInputError(f"window ({window}) must be >= min_observations ({min_observations})")
-        self.cost = cost
-        self.device = torch.device(device)
-        self.device_label = device_name(self.device)
         self.half_life = float(half_life)
         self.refit_every = refit_every
         self.min_observations = min_observations
         self.online = online
         self.profile_path: Path | None = default_profile_path() if profile == "auto" else (Path(profile) if profile else None)
+        self._given = {"model_config": model_config, "device": device, "dtype": dtype, "cost": cost}
+        self._peak_options = {"peak_flops": peak_flops, "bandwidth": bandwidth, "probe": probe}
+        self._given_params = RooflineParams(**params) if isinstance(params, dict) else params
+        self._window = window
+        self.cost: ModelCost | None = None
+        self._count = 0
+        if cost is not None or model_config is not None:
+            self._setup(cost or ModelCost.from_config(model_config, dtype), torch.device(device or "cpu"))
 
+    def bind(self, target: "Target") -> None:
+        """Read the target's config, device and dtype (options given at construction win)."""
+        given = self._given
+        cost = given["cost"] or ModelCost.from_config(
+            given["model_config"] if given["model_config"] is not None else target.config,
+            given["dtype"] if given["dtype"] is not None else target.dtype,
+        )
+        device = torch.device(given["device"] if given["device"] is not None else target.device)
+        if self.cost is None or cost.signature != self.cost.signature or device != self.device:
+            self._setup(cost, device)
+
+    def _setup(self, cost: ModelCost, device: torch.device) -> None:
+        """Peaks, prior parameters and an empty observation window for ``cost`` on ``device``."""
+        self.cost = cost
+        self.device = device
+        self.device_label = device_name(self.device)
+        params = self._given_params
         saved = self._read_saved_profile() if params is None else None
+        peak_flops, bandwidth = self._peak_options["peak_flops"], self._peak_options["bandwidth"]
         if peak_flops is not None or bandwidth is not None:
             base = device_peaks(self.device, _dtype_of(cost), probe=False) if (peak_flops is None or bandwidth is None) else None
             self.peaks = DevicePeaks(
@@ -102,10 +125,8 @@ class RooflineLatency(LatencyModel):
             peaks = saved["peaks"]
             self.peaks = DevicePeaks(peaks["flops_per_s"], peaks["bytes_per_s"], name=self.device_label, source="profile")
         else:
-            self.peaks = device_peaks(self.device, _dtype_of(cost), probe=probe)
+            self.peaks = device_peaks(self.device, _dtype_of(cost), probe=self._peak_options["probe"])
 
-        if isinstance(params, dict):
-            params = RooflineParams(**params)
         if params is None and saved is not None:
             params = RooflineParams(**saved["params"])
         self.prior = params if params is not None else prior_params(cost.num_layers, self.device.type)
@@ -114,16 +135,24 @@ class RooflineLatency(LatencyModel):
         self._coef_c = np.array(cost.flops_coeffs) / self.peaks.flops_per_s  # seconds per (n, n*m) unit
         self._coef_m = np.array(cost.bytes_coeffs) / self.peaks.bytes_per_s  # seconds per (1, n, m, n*m)
 
-        self._x_c = np.zeros(window)
-        self._x_m = np.zeros(window)
-        self._t = np.zeros(window)
-        self._seq = np.zeros(window)
+        self._x_c = np.zeros(self._window)
+        self._x_m = np.zeros(self._window)
+        self._t = np.zeros(self._window)
+        self._seq = np.zeros(self._window)
         self._count = 0
+
+    def _require_bound(self) -> None:
+        if self.cost is None:
+            raise InvalidInputError(
+                "the roofline latency model knows no model yet: pass model_config= (or cost=), or bind it to a "
+                "target (a Pipeline does this)"
+            )
 
     # ------------------------------------------------------------------ prediction
     def ideal_times(self, n_tokens: np.ndarray, context_len: int | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Ideal compute and memory seconds ``(x_c, x_m)`` at the device peaks; ``n_tokens`` [N] and
         ``context_len`` (a scalar or an array [N]) broadcast together."""
+        self._require_bound()
         n = np.asarray(n_tokens, dtype=np.float64)
         m = context_len + n
         f_n, f_nm = self._coef_c
@@ -142,11 +171,12 @@ class RooflineLatency(LatencyModel):
     # ------------------------------------------------------------------ online calibration
     @property
     def n_observations(self) -> int:
-        return self._count
+        return 0 if self.cost is None else self._count
 
     def observe(self, n_tokens: int, context_len: int, seconds: float) -> None:
         if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
             return  # a clock glitch carries no information
+        self._require_bound()
         i = self._count % self._t.size
         x_c, x_m = self.ideal_times(np.float64(n_tokens), context_len)
         self._x_c[i], self._x_m[i], self._t[i], self._seq[i] = x_c, x_m, seconds, self._count
@@ -163,6 +193,8 @@ class RooflineLatency(LatencyModel):
     def refit(self) -> FitResult | None:
         """Fit the parameters to the stored timings now (the pipeline's observations trigger this on a
         schedule). Returns the fit, or ``None`` when there are fewer than ``min_observations`` timings."""
+        if self.cost is None:
+            return None
         k = min(self._count, self._t.size)
         if k < self.min_observations:
             return None
@@ -199,6 +231,8 @@ class RooflineLatency(LatencyModel):
     # ------------------------------------------------------------------ profiles
     def save_profile(self, path: str | Path | None = None) -> Path:
         """Save parameters and peaks under this device and model (default: the model's profile path)."""
+        self._require_bound()
+        assert self.cost is not None
         target = Path(path) if path is not None else (self.profile_path or default_profile_path())
         fit = self.last_fit
         entry = {
@@ -209,7 +243,7 @@ class RooflineLatency(LatencyModel):
         return save_profile(target, self.device_label, self.cost.signature, entry)
 
     def _read_saved_profile(self) -> dict[str, Any] | None:
-        if self.profile_path is None:
+        if self.profile_path is None or self.cost is None:
             return None
         entry = load_profile(self.profile_path, self.device_label, self.cost.signature)
         if entry is None:
@@ -219,6 +253,8 @@ class RooflineLatency(LatencyModel):
         return entry
 
     def __repr__(self) -> str:
+        if self.cost is None:
+            return "RooflineLatency(unbound)"
         p = self.params
         return (
             f"RooflineLatency({self.cost.signature} on {self.device_label!r}, a_c={p.a_c:.3g}, b_c={p.b_c:.3g}s, "

@@ -10,7 +10,7 @@ import torch
 from bastion.core.errors import InvalidInputError
 from bastion.drafters.dflash.config import CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-__all__ = ["resolve_checkpoint_dir", "load_dflash_state_dict"]
+__all__ = ["is_dflash_checkpoint", "resolve_checkpoint_dir", "load_dflash_state_dict"]
 
 
 def resolve_checkpoint_dir(path: str | Path, *, config_only: bool = False) -> Path:
@@ -31,6 +31,16 @@ def resolve_checkpoint_dir(path: str | Path, *, config_only: bool = False) -> Pa
         return Path(snapshot_download(str(path), allow_patterns=patterns))
     except Exception as exc:
         raise InvalidInputError(f"could not fetch DFlash checkpoint {path!r} from the hub: {exc}") from exc
+
+
+def is_dflash_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` (local directory or hub id) holds a DFlash checkpoint: a ``config.json`` with a
+    ``dflash_config`` section and a ``block_size``. Never raises."""
+    try:
+        data = json.loads((resolve_checkpoint_dir(path, config_only=True) / CONFIG_NAME).read_text())
+    except (InvalidInputError, OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("dflash_config"), dict) and "block_size" in data
 
 
 def load_dflash_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:

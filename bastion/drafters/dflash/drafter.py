@@ -17,6 +17,7 @@ import torch
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import Drafter
 from bastion.core.types import DraftContext, DraftStep, Marginals
+from bastion.drafters.dflash.checkpoint import is_dflash_checkpoint
 from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
 
 if TYPE_CHECKING:
@@ -126,6 +127,11 @@ class DFlashDrafter(Drafter):
         self._pending_len = 0
 
     # ---------------------------------------------------------------- interface
+    @classmethod
+    def claims_checkpoint(cls, path: str | Path) -> bool:
+        """DFlash checkpoints: a ``config.json`` with a ``dflash_config`` section."""
+        return is_dflash_checkpoint(path)
+
     @property
     def feature_layers(self) -> tuple[int, ...]:  # type: ignore[override]
         return self.config.target_layer_ids
