@@ -21,7 +21,7 @@ from attrs import field, frozen
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import BudgetController, LatencyModel
 from bastion.core.pipeline import Pipeline
-from bastion.core.sampling import sample_tokens
+from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import GenerationResult, SamplingConfig, StageTimings, StepRecord
@@ -146,18 +146,17 @@ class ARDecoder:
         if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
             raise InvalidInputError(f"input_ids must be a non-empty LongTensor [1, L], got {tuple(input_ids.shape)}")
         sampling = SamplingConfig(temperature=temperature)
-        generator = None
-        if not sampling.greedy:
-            generator = torch.Generator(device=self.target.device)
-            generator.manual_seed(int(seed) if seed is not None else int(torch.seed()))
+        # the seeded positional stream: the same seed gives the same tokens as bastion.Pipeline.generate
+        seed = None if seed is None else check_seed(seed)
+        stream = None if sampling.greedy else PositionalStream.from_seed(seed)
         ids = input_ids.to(self.target.device, torch.long)
         run = self._run_hf if self._model is not None else self._run_target
         with torch.inference_mode():
-            return run(ids, max_new_tokens, sampling, generator)
+            return run(ids, max_new_tokens, sampling, stream)
 
     # -- Hugging Face model with a DynamicCache ---------------------------------------------------
     def _run_hf(
-        self, ids: torch.Tensor, max_new: int, sampling: SamplingConfig, generator: torch.Generator | None
+        self, ids: torch.Tensor, max_new: int, sampling: SamplingConfig, stream: PositionalStream | None
     ) -> GenerationResult:
         from transformers import DynamicCache
 
@@ -168,7 +167,7 @@ class ARDecoder:
         t_start = time.perf_counter()
         cache = DynamicCache(config=model.config)
         logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # [V]
-        tok = int(sample_tokens(logits, sampling, generator))
+        tok = int(sample_tokens(logits, at_position(sampling, stream, ids.shape[1])))
         self._sync()
         prefill_s = time.perf_counter() - t_start
         out, steps = [tok], []
@@ -177,7 +176,7 @@ class ARDecoder:
             t0 = time.perf_counter()
             step_in = torch.tensor([[tok]], dtype=torch.long, device=ids.device)  # [1, 1]
             logits = model(input_ids=step_in, cache=cache, use_cache=True).logits[0, -1]  # [V]
-            tok = int(sample_tokens(logits, sampling, generator))  # host sync: needed for the EOS check
+            tok = int(sample_tokens(logits, at_position(sampling, stream, ctx + 1)))  # host sync: needed for the EOS check
             t1 = time.perf_counter()
             out.append(tok)
             steps.append(_ar_step(ctx, t1 - t0, time.perf_counter() - t1))
@@ -186,7 +185,7 @@ class ARDecoder:
 
     # -- any Target: one single-node tree per token -------------------------------------------------
     def _run_target(
-        self, ids: torch.Tensor, max_new: int, sampling: SamplingConfig, generator: torch.Generator | None
+        self, ids: torch.Tensor, max_new: int, sampling: SamplingConfig, stream: PositionalStream | None
     ) -> GenerationResult:
         target = self.target
         eos = target.eos_token_ids
@@ -194,7 +193,7 @@ class ARDecoder:
         t_start = time.perf_counter()
         target.reset()
         pre = target.prefill(ids)
-        tok = int(sample_tokens(pre.logits[-1], sampling, generator))
+        tok = int(sample_tokens(pre.logits[-1], at_position(sampling, stream, ids.shape[1])))
         self._sync()
         prefill_s = time.perf_counter() - t_start
         out, steps = [tok], []
@@ -204,7 +203,7 @@ class ARDecoder:
             node = Tree.from_parents([tok], [-1])
             logits = target.forward_tree(node).logits[0]  # [V]
             target.commit(keep_root)
-            tok = int(sample_tokens(logits, sampling, generator))
+            tok = int(sample_tokens(logits, at_position(sampling, stream, ctx + 1)))
             t1 = time.perf_counter()
             out.append(tok)
             steps.append(_ar_step(ctx, t1 - t0, time.perf_counter() - t1))

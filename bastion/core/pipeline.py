@@ -6,6 +6,7 @@ components come from the registry by name or are handed in as instances.
 
 from __future__ import annotations
 
+import numbers
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,7 +24,7 @@ from bastion.core.interfaces import (
     Verifier,
 )
 from bastion.core.registry import Registry, registry as default_registry
-from bastion.core.sampling import sample_tokens
+from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import (
@@ -200,7 +201,9 @@ class Pipeline:
         sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
         if not sampling.greedy and not self.verifier.supports_sampling:
             raise InvalidInputError(f"verifier {type(self.verifier).__name__} supports greedy decoding only")
-        generator = self._generator(sampling, seed)
+        seed = None if seed is None else check_seed(seed)
+        stream = None if sampling.greedy else PositionalStream.from_seed(seed)
+        generator = self._generator(stream)
         draft_temperature = 1.0 if sampling.greedy else sampling.temperature
         eos = self.target.eos_token_ids if stop_on_eos else frozenset()
         layers = self.drafter.feature_layers
@@ -209,7 +212,7 @@ class Pipeline:
         self.target.reset()
         self.drafter.reset()
         pre = self.target.prefill(ids, layers)
-        root = int(sample_tokens(pre.logits[-1], sampling, generator))
+        root = int(sample_tokens(pre.logits[-1], at_position(sampling, stream, ids.shape[1]), generator))
         self.drafter.begin(DraftContext(tokens=ids[0], features=pre.features))
         self._sync()
         prefill_s = time.perf_counter() - t_start
@@ -224,7 +227,7 @@ class Pipeline:
                 break
             # a tree of depth d emits at most d + 1 tokens: never draft deeper than the tokens still wanted
             max_depth = min(room, max_new_tokens - len(out) - 1)
-            outcome = self._step(root, ctx, max_depth, sampling, generator, draft_temperature)
+            outcome = self._step(root, ctx, max_depth, sampling, stream, generator, draft_temperature)
             record, verdict = outcome.record, outcome.verdict
             emitted = list(verdict.emitted)[: max_new_tokens - len(out)]
             for i, tok in enumerate(emitted):
@@ -285,6 +288,7 @@ class Pipeline:
         ctx: int,
         max_depth: int,
         sampling: SamplingConfig,
+        stream: PositionalStream | None,
         generator: torch.Generator | None,
         draft_temperature: float,
     ) -> StepOutcome:
@@ -311,6 +315,8 @@ class Pipeline:
         out = self.target.forward_tree(tree, layers)
         self._sync()
         t4 = time.perf_counter()
+        if stream is not None:  # node i samples position ctx + depth_i + 1: the same draw whatever the tree
+            sampling = stream.for_tree(sampling, ctx, tree.depths)
         verdict = self.verifier.verify(tree, out.logits, sampling, generator)
         t5 = time.perf_counter()
         nodes = verdict.accepted_nodes
@@ -340,7 +346,10 @@ class Pipeline:
     # ------------------------------------------------------------------ helpers
     def _check_prompt(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(input_ids, (list, tuple)):
-            input_ids = torch.tensor([list(input_ids)], dtype=torch.long)
+            bad = [t for t in input_ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+            if bad:
+                raise InvalidInputError(f"token ids must be ints, got {bad[0]!r} ({type(bad[0]).__name__})")
+            input_ids = torch.tensor([[int(t) for t in input_ids]], dtype=torch.long)
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise InvalidInputError(
                 f"input_ids must be a LongTensor of shape [1, L], got {getattr(input_ids, 'shape', type(input_ids).__name__)}"
@@ -359,11 +368,12 @@ class Pipeline:
             raise InvalidInputError(f"token ids must lie in [0, {self.target.vocab_size}), found [{lo}, {hi}]")
         return input_ids.to(device=self.target.device, dtype=torch.long)
 
-    def _generator(self, sampling: SamplingConfig, seed: int | None) -> torch.Generator | None:
-        if sampling.greedy:
+    def _generator(self, stream: PositionalStream | None) -> torch.Generator | None:
+        """A generator for verifiers that draw by themselves instead of through ``sampling.uniforms``."""
+        if stream is None:
             return None
         gen = torch.Generator(device=self.target.device)
-        gen.manual_seed(int(seed) if seed is not None else int(torch.seed()))
+        gen.manual_seed(stream.seed)
         return gen
 
     def _sync(self) -> None:

@@ -7,6 +7,7 @@ well-defined; compare tensors explicitly where it matters.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Literal
 
 import attrs
@@ -97,9 +98,31 @@ class Marginals:
         return self.log_probs.exp()
 
 
-def _non_negative(_inst: object, attribute: attrs.Attribute, value: float) -> None:
-    if not (value >= 0):
-        raise InvalidInputError(f"{attribute.name} must be >= 0, got {value!r}")
+#: smallest positive sampling temperature: below it the scaled logits overflow (use 0 for greedy)
+MIN_TEMPERATURE = 1e-4
+
+
+def _to_temperature(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidInputError(f"temperature must be a number, got {value!r} ({type(value).__name__})")
+    t = float(value)
+    if not (t == 0.0 or MIN_TEMPERATURE <= t < math.inf):
+        raise InvalidInputError(
+            f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got {value!r}"
+        )
+    return t
+
+
+def _to_top_p(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < float(value) <= 1.0:
+        raise InvalidInputError(f"top_p must be a number in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _to_top_k(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 0:
+        raise InvalidInputError(f"top_k must be an int >= 0 (0 disables it), got {value!r} ({type(value).__name__})")
+    return int(value)
 
 
 @frozen
@@ -107,16 +130,15 @@ class SamplingConfig:
     """How the target's next-token distribution is turned into a sample.
 
     ``temperature == 0`` means greedy (argmax). ``top_k == 0`` and ``top_p == 1.0`` disable those filters.
+    ``uniforms``, when set, holds one uniform in [0, 1) per row of the logits this config samples: the
+    pipeline sets it per step from the seeded positional stream (:mod:`bastion.core.sampling`), and
+    :func:`bastion.core.sampling.sample_tokens` then samples row ``i`` by inverse CDF with ``uniforms[i]``.
     """
 
-    temperature: float = field(default=0.0, converter=float, validator=_non_negative)
-    top_p: float = field(default=1.0, converter=float)
-    top_k: int = field(default=0, converter=int, validator=_non_negative)
-
-    @top_p.validator
-    def _check_top_p(self, _attribute: attrs.Attribute, value: float) -> None:
-        if not (0.0 < value <= 1.0):
-            raise InvalidInputError(f"top_p must be in (0, 1], got {value!r}")
+    temperature: float = field(default=0.0, converter=_to_temperature)
+    top_p: float = field(default=1.0, converter=_to_top_p)
+    top_k: int = field(default=0, converter=_to_top_k)
+    uniforms: torch.Tensor | None = field(default=None, eq=False, repr=False, kw_only=True)  # [n] float64
 
     @property
     def greedy(self) -> bool:
