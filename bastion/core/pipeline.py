@@ -227,7 +227,7 @@ class Pipeline:
                 break
             # a tree of depth d emits at most d + 1 tokens: never draft deeper than the tokens still wanted
             max_depth = min(room, max_new_tokens - len(out) - 1)
-            outcome = self._step(root, ctx, max_depth, sampling, stream, generator, draft_temperature)
+            outcome = self._step(root, ctx, max_depth, sampling, generator, draft_temperature, stream)
             record, verdict = outcome.record, outcome.verdict
             emitted = list(verdict.emitted)[: max_new_tokens - len(out)]
             for i, tok in enumerate(emitted):
@@ -288,9 +288,9 @@ class Pipeline:
         ctx: int,
         max_depth: int,
         sampling: SamplingConfig,
-        stream: PositionalStream | None,
         generator: torch.Generator | None,
         draft_temperature: float,
+        stream: PositionalStream | None = None,
     ) -> StepOutcome:
         layers = self.drafter.feature_layers
         t0 = time.perf_counter()
