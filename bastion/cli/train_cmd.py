@@ -1,20 +1,81 @@
-"""``bastion train``: the demo-pair training recipe.
+"""``bastion train``: the drafter-training recipe (and the demo pair it was made with).
 
-Stages: ``tokenizer`` -> ``target`` -> ``distill`` (the target's greedy continuations of training prompts)
--> ``drafter`` (DFlash format) -> ``export`` (float16 copies for shipping); ``all`` runs them in order
-under one folder. Each stage writes its own output and can be re-run; the target, distill and drafter
-stages resume from their last checkpoint. ``--smoke`` shrinks every size and the corpus so the whole
-recipe runs in seconds (the tests use it).
+Stages: ``tokenizer`` -> ``target`` (the demo target) -> ``distill`` (the target's greedy continuations
+of training prompts: the bundled sets or the user's own JSONL) -> ``features`` (optional: precomputed
+target features) -> ``drafter`` (DFlash format) -> ``export`` (half-precision copies); ``all`` runs the
+demo recipe in order under one folder. Each stage writes its own output and can be re-run; the target,
+distill, features and drafter stages resume from their last checkpoint. ``--smoke`` shrinks every
+default size so the whole recipe runs in seconds (the tests use it); explicit options still win.
+
+``distill``, ``features`` and ``drafter`` work for any Hugging Face target (local directory or hub id, in
+its own dtype) on any device, and run data parallel under ``torchrun`` (see :mod:`bastion.distributed`).
+
+Stages are a table (:data:`STAGES`); other modules add stages through :data:`STAGE_MODULES`, each
+exposing ``add_stage(stages)`` that registers its sub-parser on the ``bastion train`` sub-parsers.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
+from attrs import frozen
 
 SMOKE_LIMIT = 12  # documents per source in --smoke runs
+
+#: modules adding further ``bastion train`` stages (each exposes ``add_stage(stages_subparsers)``)
+STAGE_MODULES: tuple[str, ...] = ()
+
+
+@frozen
+class Stage:
+    """One ``bastion train`` sub-command: its name, help, option groups and runner."""
+
+    name: str
+    help: str
+    options: tuple[Callable[[argparse.ArgumentParser], None], ...]
+    run: Callable[[argparse.Namespace], int]
+
+
+# ---------------------------------------------------------------------------- options
+#: defaults of the sized options: (normal, --smoke)
+SIZES: dict[str, tuple[Any, Any]] = {
+    # distill
+    "per_source": (1500, 3),
+    "max_new_tokens": (192, 16),
+    "max_prompt_tokens": (256, 48),
+    "gen_batch": (32, 3),
+    # drafter
+    "draft_layers": (2, 1),
+    "block_size": (16, 4),
+    "draft_steps": (2400, 3),
+    "anchors": (32, 4),
+    "seqs_per_step": (4, 2),
+    "warmup_steps": (50, 1),
+    "draft_save_every": (50, 2),
+    "heldout_seqs": (96, 2),
+    "eval_limit": (10, 1),
+    "eval_max_new_tokens": (64, 8),
+    "eval_budgets": ("16,64", "4"),
+}
+
+
+def size(args: argparse.Namespace, name: str) -> Any:
+    """The value of a sized option: as given, else its --smoke or normal default."""
+    value = getattr(args, name, None)
+    if value is not None:
+        return value
+    normal, smoke = SIZES[name]
+    return smoke if getattr(args, "smoke", False) else normal
+
+
+def _sized(p: argparse.ArgumentParser, flag: str, kind: type, help: str) -> None:
+    dest = flag.lstrip("-").replace("-", "_")
+    normal, smoke = SIZES[dest]
+    p.add_argument(flag, type=kind, default=None, help=f"{help} (default {normal}; --smoke {smoke})")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -22,6 +83,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and a corpus slice: the recipe end to end in seconds")
+
+
+def _device_opts(p: argparse.ArgumentParser) -> None:
+    from bastion.training.frozen import DTYPES
+
+    p.add_argument("--target", required=True, help="target model: local directory or hub id")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default; under torchrun cuda means cuda:LOCAL_RANK)")
+    p.add_argument("--dtype", choices=DTYPES, default="auto", help="target dtype (default: the checkpoint's own)")
 
 
 def _target_opts(g: argparse.ArgumentParser) -> None:
@@ -35,85 +104,115 @@ def _target_opts(g: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=int, default=1500)
     g.add_argument("--lr", type=float, default=2e-3)
     g.add_argument("--warmup", type=int, default=100)
-    g.add_argument("--save-every", type=int, default=50)
+    g.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (default 50; --smoke 2)")
 
 
 def _distill_opts(d: argparse.ArgumentParser) -> None:
-    d.add_argument("--per-source", type=int, default=1500, help="prompts per source (code, math, chat)")
-    d.add_argument("--max-new-tokens", type=int, default=192)
-    d.add_argument("--gen-batch", type=int, default=32)
+    d.add_argument("--prompts", type=Path, action="append", default=[], metavar="JSONL",
+                   help="your own prompts: JSONL rows with 'prompt' or chat 'messages' (repeatable); "
+                        "replaces the bundled training sets unless --with-bundled")
+    d.add_argument("--with-bundled", action="store_true", help="add the bundled training sets to --prompts")
+    d.add_argument("--max-prompts", type=int, default=None, help="use the first N rows of each --prompts file")
+    _sized(d, "--per-source", int, "bundled prompts per source (code, math, chat)")
+    _sized(d, "--max-new-tokens", int, "greedy tokens per prompt")
+    _sized(d, "--max-prompt-tokens", int, "prompt tokens kept (the last ones)")
+    _sized(d, "--gen-batch", int, "prompts per batched generate call, per rank")
 
 
 def _drafter_opts(r: argparse.ArgumentParser) -> None:
-    r.add_argument("--draft-layers", type=int, default=2)
-    r.add_argument("--block-size", type=int, default=16)
-    r.add_argument("--target-layers", type=str, default=None, help="comma-separated target layer ids (default: all)")
-    r.add_argument("--draft-steps", type=int, default=2400)
+    _sized(r, "--draft-layers", int, "draft layers")
+    _sized(r, "--block-size", int, "block size B (B - 1 drafted tokens per step)")
+    r.add_argument("--target-layers", type=str, default=None, help="comma-separated target layer ids the drafter reads (default: all)")
+    _sized(r, "--draft-steps", int, "optimizer steps")
     r.add_argument("--draft-lr", type=float, default=1e-3)
-    r.add_argument("--anchors", type=int, default=32, help="anchors (blocks) per sequence")
-    r.add_argument("--seqs-per-step", type=int, default=4)
+    _sized(r, "--warmup-steps", int, "learning-rate warm-up steps")
+    _sized(r, "--anchors", int, "anchors (blocks) per sequence")
+    _sized(r, "--seqs-per-step", int, "global batch: sequences per optimizer step over all ranks (gradients accumulated per sequence)")
     r.add_argument("--gamma", type=float, default=7.0, help="slot-loss decay: weight exp(-(k-1)/gamma)")
     r.add_argument("--mask-token-id", type=int, default=None, help="drafter mask token (default: the tokenizer's mask token)")
-    r.add_argument("--heldout-seqs", type=int, default=96, help="distilled sequences kept out for evaluation")
+    _sized(r, "--heldout-seqs", int, "distilled sequences kept out for the teacher-forced evaluation")
+    _sized(r, "--draft-save-every", int, "checkpoint every N steps")
+    r.add_argument("--eval-every", type=int, default=0, help="held-out acceptance evaluation every N steps (default 0: at the end only)")
+    r.add_argument("--eval-datasets", type=str, default="gsm8k,humaneval,mt_bench",
+                   help="held-out prompts, as `bastion bench --datasets` (NAME[=PATH]); never training prompts")
+    _sized(r, "--eval-limit", int, "held-out prompts per dataset")
+    _sized(r, "--eval-max-new-tokens", int, "new tokens per held-out prompt")
+    _sized(r, "--eval-budgets", str, "comma-separated N of the best-first@N figures")
+    r.add_argument("--no-eval", action="store_true", help="skip the held-out acceptance evaluation")
+
+
+def _tokenizer_stage(t: argparse.ArgumentParser) -> None:
+    t.add_argument("--out", type=Path, required=True)
+    t.add_argument("--vocab-size", type=int, default=8192)
+
+
+def _target_stage(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--tokenizer", type=Path, required=True)
+    g.add_argument("--out", type=Path, required=True)
+    _target_opts(g)
+
+
+def _distill_stage(d: argparse.ArgumentParser) -> None:
+    _device_opts(d)
+    d.add_argument("--out", type=Path, required=True, help="output file (.pt)")
+    _distill_opts(d)
+
+
+def _features_stage(f: argparse.ArgumentParser) -> None:
+    _device_opts(f)
+    f.add_argument("--data", type=Path, required=True, help="output of `bastion train distill`")
+    f.add_argument("--out", type=Path, required=True, help="feature folder (memory-mapped, in the target's dtype)")
+    f.add_argument("--target-layers", type=str, default=None, help="comma-separated target layer ids (default: all); as for the drafter")
+
+
+def _drafter_stage(r: argparse.ArgumentParser) -> None:
+    _device_opts(r)
+    r.add_argument("--data", type=Path, required=True, help="output of `bastion train distill`")
+    r.add_argument("--features", type=Path, default=None, help="precomputed features (`bastion train features`); default: online from the target")
+    r.add_argument("--out", type=Path, required=True)
+    _drafter_opts(r)
+
+
+def _export_stage(e: argparse.ArgumentParser) -> None:
+    e.add_argument("--target", type=Path, required=True)
+    e.add_argument("--drafter", type=Path, required=True)
+    e.add_argument("--out", type=Path, required=True)
+    e.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
+
+
+def _all_stage(a: argparse.ArgumentParser) -> None:
+    a.add_argument("--out", type=Path, required=True)
+    a.add_argument("--vocab-size", type=int, default=8192)
+    _target_opts(a)
+    a.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
+    a.add_argument("--dtype", default="auto", help=argparse.SUPPRESS)
+    _distill_opts(a)
+    _drafter_opts(a)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
-        help="train the demo tokenizer, target and DFlash drafter",
-        description="Train a byte-level BPE tokenizer, a small Qwen3 target and a DFlash-format drafter for it.",
+        help="train a DFlash drafter for a target (and the demo pair)",
+        description="Distil a target's own generations and train a DFlash-format drafter for it "
+        "(any Hugging Face target, CPU or GPU, data parallel under torchrun); also the demo tokenizer and target.",
     )
-    st = p.add_subparsers(dest="stage", metavar="STAGE", required=True)
-
-    t = st.add_parser("tokenizer", help="train the byte-level BPE tokenizer")
-    _common(t)
-    t.add_argument("--out", type=Path, required=True)
-    t.add_argument("--vocab-size", type=int, default=8192)
-    t.set_defaults(func=run_tokenizer)
-
-    g = st.add_parser("target", help="train the Qwen3 target (resumable)")
-    _common(g)
-    g.add_argument("--tokenizer", type=Path, required=True)
-    g.add_argument("--out", type=Path, required=True)
-    _target_opts(g)
-    g.set_defaults(func=run_target)
-
-    d = st.add_parser("distill", help="the target's greedy continuations of training prompts (resumable)")
-    _common(d)
-    d.add_argument("--target", type=Path, required=True)
-    d.add_argument("--out", type=Path, required=True, help="output file (.pt)")
-    _distill_opts(d)
-    d.set_defaults(func=run_distill)
-
-    r = st.add_parser("drafter", help="train a DFlash drafter for a target (resumable)")
-    _common(r)
-    r.add_argument("--target", type=Path, required=True)
-    r.add_argument("--data", type=Path, required=True, help="output of `bastion train distill`")
-    r.add_argument("--out", type=Path, required=True)
-    _drafter_opts(r)
-    r.set_defaults(func=run_drafter)
-
-    e = st.add_parser("export", help="write float16 copies of a target + drafter (e.g. into the package)")
-    e.add_argument("--target", type=Path, required=True)
-    e.add_argument("--drafter", type=Path, required=True)
-    e.add_argument("--out", type=Path, required=True)
-    e.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
-    e.set_defaults(func=run_export)
-
-    a = st.add_parser("all", help="every stage in order under one folder")
-    _common(a)
-    a.add_argument("--out", type=Path, required=True)
-    a.add_argument("--vocab-size", type=int, default=8192)
-    _target_opts(a)
-    _distill_opts(a)
-    _drafter_opts(a)
-    a.set_defaults(func=run_all)
+    stages = p.add_subparsers(dest="stage", metavar="STAGE", required=True)
+    for stage in STAGES:
+        sp = stages.add_parser(stage.name, help=stage.help, description=stage.help)
+        if stage.name != "export":
+            _common(sp)
+        for opts in stage.options:
+            opts(sp)
+        sp.set_defaults(func=stage.run)
+    for modname in STAGE_MODULES:
+        importlib.import_module(modname).add_stage(stages)
     return p
 
 
 # ---------------------------------------------------------------------------- helpers
 def _data_dir(args: argparse.Namespace) -> Path:
-    from bastion.training.corpus import default_data_dir
+    from bastion.core.folders import default_data_dir
 
     return args.data_dir or default_data_dir()
 
@@ -129,10 +228,25 @@ def _setup(args: argparse.Namespace) -> None:
     seed_everything(args.seed)
 
 
-def _load_target(path: Path):
-    from transformers import AutoModelForCausalLM
+def _layer_ids(text: str | None) -> tuple[int, ...] | None:
+    from bastion.core.errors import InvalidInputError
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InvalidInputError(f"--target-layers takes comma-separated integers, got {text!r}") from None
+
+
+def _tokenizer_or_none(name: str) -> Any:
+    from bastion.core.errors import InvalidInputError
+    from bastion.training.frozen import load_target_tokenizer
+
+    try:
+        return load_target_tokenizer(name)
+    except InvalidInputError:
+        return None
 
 
 # ---------------------------------------------------------------------------- stages
@@ -164,7 +278,7 @@ def run_target(args: argparse.Namespace) -> int:
         cfg = TargetConfig(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
                            num_kv_heads=args.kv_heads, intermediate_size=args.intermediate,
                            seq_len=args.seq_len, batch_size=args.batch, steps=args.steps, lr=args.lr,
-                           warmup=args.warmup, save_every=args.save_every, seed=args.seed)
+                           warmup=args.warmup, save_every=args.save_every or 50, seed=args.seed)
     train, held = split_documents(load_documents(_data_dir(args), limit_per_source=_limit(args)),
                                   heldout_fraction=0.2 if args.smoke else 0.01)
     out = Path(args.out)
@@ -174,53 +288,118 @@ def run_target(args: argparse.Namespace) -> int:
     return 0
 
 
+def _distill_prompts(args: argparse.Namespace, tok: Any) -> list[tuple[str, str]]:
+    """(source, rendered prompt) pairs: the user's files, and/or the bundled training sets."""
+    from bastion.training.corpus import distill_prompts, render_prompt
+    from bastion.training.prompts import read_user_prompts
+
+    prompts: list[tuple[str, str]] = []
+    for path in args.prompts:
+        prompts += read_user_prompts(path, tok, limit=args.max_prompts)
+    if not args.prompts or args.with_bundled:
+        bundled = distill_prompts(_data_dir(args), per_source=size(args, "per_source"))
+        prompts += [(src, render_prompt(tok, src, text)) for src, text in bundled]
+    return prompts
+
+
 def run_distill(args: argparse.Namespace) -> int:
-    from bastion.training.corpus import distill_prompts
+    from bastion.distributed import setup, teardown
     from bastion.training.distill import DistillConfig, generate_continuations
-    from bastion.training.tokenizer import load_tokenizer
+    from bastion.training.frozen import load_frozen_target, load_target_tokenizer
 
     _setup(args)
-    tok = load_tokenizer(args.target)
-    target = _load_target(args.target)
-    per_source = 3 if args.smoke else args.per_source
-    cfg = (DistillConfig(max_new_tokens=16, max_prompt_tokens=48, batch_size=3) if args.smoke
-           else DistillConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch))
-    prompts = distill_prompts(_data_dir(args), per_source=per_source)
-    seqs = generate_continuations(target, tok, prompts, args.out, cfg)
-    n_new = sum(len(s.ids) - s.prompt_len for s in seqs)
-    print(f"{len(seqs)} sequences, {n_new} generated tokens written to {args.out}")
+    ctx = setup(args.device)
+    try:
+        tok = load_target_tokenizer(args.target)
+        prompts = _distill_prompts(args, tok)
+        target = load_frozen_target(args.target, ctx.device, args.dtype)
+        cfg = DistillConfig(max_new_tokens=size(args, "max_new_tokens"), max_prompt_tokens=size(args, "max_prompt_tokens"),
+                            batch_size=size(args, "gen_batch"))
+        seqs = generate_continuations(target, tok, prompts, args.out, cfg, ctx)
+        if ctx.is_main:
+            n_new = sum(len(s.ids) - s.prompt_len for s in seqs)
+            print(f"{len(seqs)} sequences, {n_new} generated tokens written to {args.out}")
+    finally:
+        teardown(ctx)
     return 0
 
 
-def run_drafter(args: argparse.Namespace) -> int:
+def run_features(args: argparse.Namespace) -> int:
+    from bastion.distributed import setup, teardown
     from bastion.training.distill import load_continuations
-    from bastion.training.drafter import DrafterTrainConfig, train_drafter
-    from bastion.training.tokenizer import load_tokenizer
+    from bastion.training.features import write_features
+    from bastion.training.frozen import load_frozen_target
 
     _setup(args)
-    tok = load_tokenizer(args.target)
-    target = _load_target(args.target)
-    seqs = load_continuations(args.data)
-    layers = None if not args.target_layers else tuple(int(x) for x in args.target_layers.split(","))
-    if args.smoke:
-        cfg = DrafterTrainConfig(num_layers=1, block_size=4, target_layer_ids=layers, anchors_per_seq=4,
-                                 seqs_per_step=2, steps=3, warmup=1, save_every=2, seed=args.seed)
-        n_held = 2
-    else:
-        cfg = DrafterTrainConfig(num_layers=args.draft_layers, block_size=args.block_size, target_layer_ids=layers,
-                                 anchors_per_seq=args.anchors, seqs_per_step=args.seqs_per_step,
-                                 steps=args.draft_steps, lr=args.draft_lr, gamma=args.gamma, seed=args.seed)
-        n_held = args.heldout_seqs
-    # held-out sequences: every k-th one, so each source is represented
-    k = max(2, len(seqs) // max(1, n_held))
-    held = [s for i, s in enumerate(seqs) if i % k == k - 1][:n_held]
-    train = [s for i, s in enumerate(seqs) if not (i % k == k - 1 and i // k < n_held)]
-    mask_id = args.mask_token_id if args.mask_token_id is not None else tok.mask_token_id
-    if mask_id is None:
-        from bastion.core.errors import InvalidInputError
+    ctx = setup(args.device)
+    try:
+        target = load_frozen_target(args.target, ctx.device, args.dtype)
+        layers = _layer_ids(args.target_layers) or tuple(range(target.config.num_hidden_layers))
+        seqs = load_continuations(args.data)
+        store = write_features(target, seqs, layers, args.out, ctx)
+        if ctx.is_main:
+            print(f"features of {len(seqs)} sequences ({store.offsets[-1]} tokens x {store.width}, {store.dtype}) written to {args.out}")
+    finally:
+        teardown(ctx)
+    return 0
 
-        raise InvalidInputError("the tokenizer has no mask token; pass --mask-token-id")
-    train_drafter(target, train, held, cfg, mask_id, args.out)
+
+def _split(seqs: list, n_held: int) -> tuple[list[int], list[int]]:
+    """(train, held-out) indices: every k-th sequence is held out, so each source is represented."""
+    from bastion.training.drafter import trainable_indices
+
+    k = max(2, len(seqs) // max(1, n_held))
+    held = [i for i in range(len(seqs)) if i % k == k - 1][:n_held]
+    return trainable_indices(seqs, exclude=held), held
+
+
+def _acceptance(args: argparse.Namespace, target: Any, tok: Any) -> Any:
+    """The held-out acceptance evaluation as a callable on the draft model (None with --no-eval)."""
+    if args.no_eval:
+        return None
+    from bastion.training.evaluate import AcceptanceEvalConfig, acceptance_eval
+
+    budgets = tuple(int(b) for b in str(size(args, "eval_budgets")).split(",") if b.strip())
+    cfg = AcceptanceEvalConfig(
+        datasets=tuple(d.strip() for d in args.eval_datasets.split(",") if d.strip()),
+        limit=size(args, "eval_limit"),
+        max_new_tokens=size(args, "eval_max_new_tokens"),
+        budgets=budgets,
+        data_dir=str(_data_dir(args)),
+    )
+    return lambda model: acceptance_eval(target, model, tok, cfg)
+
+
+def run_drafter(args: argparse.Namespace) -> int:
+    from bastion.distributed import setup, teardown
+    from bastion.training.distill import load_continuations
+    from bastion.training.drafter import DrafterTrainConfig, train_drafter
+    from bastion.training.features import FeatureStore
+    from bastion.training.frozen import load_frozen_target, resolve_mask_token
+
+    _setup(args)
+    ctx = setup(args.device)
+    try:
+        tok = _tokenizer_or_none(args.target)
+        target = load_frozen_target(args.target, ctx.device, args.dtype)
+        seqs = load_continuations(args.data)
+        layers = _layer_ids(args.target_layers)
+        cfg = DrafterTrainConfig(
+            num_layers=size(args, "draft_layers"), block_size=size(args, "block_size"), target_layer_ids=layers,
+            anchors_per_seq=size(args, "anchors"), seqs_per_step=size(args, "seqs_per_step"),
+            steps=size(args, "draft_steps"), lr=args.draft_lr, warmup=size(args, "warmup_steps"), gamma=args.gamma,
+            save_every=size(args, "draft_save_every"), eval_every=args.eval_every, seed=args.seed,
+        )
+        train, held = _split(seqs, size(args, "heldout_seqs"))
+        mask_id = resolve_mask_token(tok, args.mask_token_id, int(target.get_output_embeddings().weight.shape[0]))
+        features = None
+        if args.features is not None:
+            read = layers or tuple(range(target.config.num_hidden_layers))
+            features = FeatureStore.open(args.features, layer_ids=read, sequences=len(seqs))
+        train_drafter(target, seqs, train, held, cfg, mask_id, args.out, features=features, ctx=ctx,
+                      evaluate=_acceptance(args, target, tok))
+    finally:
+        teardown(ctx)
     return 0
 
 
@@ -233,13 +412,18 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_all(args: argparse.Namespace) -> int:
+    from bastion.core.errors import InvalidInputError
+    from bastion.distributed import env_ranks
+
+    if env_ranks()[1] > 1:
+        raise InvalidInputError("`bastion train all` runs in one process; launch the distill / features / drafter stages with torchrun")
     root = Path(args.out)
     ns = dict(vars(args))
     steps = [
         (run_tokenizer, {"out": root / "tokenizer"}),
         (run_target, {"tokenizer": root / "tokenizer", "out": root / "target"}),
-        (run_distill, {"target": root / "target", "out": root / "distill.pt"}),
-        (run_drafter, {"target": root / "target", "data": root / "distill.pt", "out": root / "drafter"}),
+        (run_distill, {"target": str(root / "target"), "out": root / "distill.pt"}),
+        (run_drafter, {"target": str(root / "target"), "data": root / "distill.pt", "out": root / "drafter", "features": None}),
         (run_export, {"target": root / "target", "drafter": root / "drafter", "out": root / "export", "dtype": "float16"}),
     ]
     for fn, extra in steps:
@@ -247,3 +431,15 @@ def run_all(args: argparse.Namespace) -> int:
         if code:
             return code
     return 0
+
+
+#: the built-in stages, in recipe order
+STAGES: tuple[Stage, ...] = (
+    Stage("tokenizer", "train the byte-level BPE tokenizer of the demo target", (_tokenizer_stage,), run_tokenizer),
+    Stage("target", "train the Qwen3 demo target (resumable)", (_target_stage,), run_target),
+    Stage("distill", "the target's greedy continuations of your prompts or the bundled ones (resumable, torchrun)", (_distill_stage,), run_distill),
+    Stage("features", "precompute the target features the drafter reads (resumable, torchrun)", (_features_stage,), run_features),
+    Stage("drafter", "train a DFlash drafter for a target (resumable, torchrun)", (_drafter_stage,), run_drafter),
+    Stage("export", "write float16 copies of a target + drafter (e.g. into the package)", (_export_stage,), run_export),
+    Stage("all", "every demo stage in order under one folder", (_all_stage,), run_all),
+)

@@ -1,9 +1,14 @@
 """The target's own greedy continuations of training prompts: the drafter's training data.
 
 Speculative decoding accepts a drafted token when it equals what the target itself would emit, so the
-drafter learns best from the target's outputs rather than from the corpus text. Prompts come only from
-the training sources (see :func:`bastion.training.corpus.distill_prompts`). Generation is batched and
-KV-cached (``model.generate``, greedy, left padding) and saved in chunks, so an interrupted run resumes.
+drafter learns best from the target's outputs rather than from the corpus text. Prompts come from the training
+sources (see :func:`bastion.training.corpus.distill_prompts`) or from the user's own JSONL (see
+:mod:`bastion.training.prompts`), already rendered. Generation is Hugging Face's batched, KV-cached
+``generate`` (greedy, left padding) on the target's device, saved in chunks so an interrupted run resumes.
+
+Under ``torchrun`` every rank continues its share of the prompts (every ``world``-th one) into its own
+part file; rank 0 merges the parts, in prompt order, into ``out_path``, so the result is the same file
+for every rank count.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import attrs
 import torch
 from tqdm import tqdm
 
+from bastion.distributed import DistContext, barrier, shard
 from bastion.training.loop import load_checkpoint, save_checkpoint
 
 __all__ = ["DistillConfig", "DistillSequence", "generate_continuations", "load_continuations"]
@@ -38,7 +44,8 @@ class DistillSequence:
 
 @torch.no_grad()
 def _generate_batch(model, tokenizer, texts: Sequence[str], cfg: DistillConfig) -> list[tuple[list[int], list[int]]]:
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     prompts = [tokenizer.encode(t, add_special_tokens=False)[-cfg.max_prompt_tokens :] for t in texts]
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # [b, W] left-padded
@@ -46,14 +53,15 @@ def _generate_batch(model, tokenizer, texts: Sequence[str], cfg: DistillConfig) 
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p)
         attn[i, width - len(p) :] = 1
+    device = model.get_input_embeddings().weight.device
     out = model.generate(
-        input_ids=ids,
-        attention_mask=attn,
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
         max_new_tokens=cfg.max_new_tokens,
         do_sample=False,
         eos_token_id=eos,
         pad_token_id=pad,
-    )  # [b, W + new]
+    ).cpu()  # [b, W + new]
     result = []
     for i, p in enumerate(prompts):
         new = out[i, width:].tolist()
@@ -63,24 +71,51 @@ def _generate_batch(model, tokenizer, texts: Sequence[str], cfg: DistillConfig) 
     return result
 
 
-def generate_continuations(model, tokenizer, prompts: Sequence[tuple[str, str]], out_path: Path, cfg: DistillConfig = DistillConfig()) -> list[DistillSequence]:
-    """Greedy continuations of ``(source, text)`` pairs (rendered with
-    :func:`bastion.training.corpus.render_prompt`), resumable via ``out_path``."""
-    from bastion.training.corpus import render_prompt
+def _part_path(out_path: Path, ctx: DistContext) -> Path:
+    if ctx.world_size == 1:
+        return out_path
+    return out_path.with_name(f"{out_path.stem}.part{ctx.rank}of{ctx.world_size}{out_path.suffix}")
 
-    out_path = Path(out_path)
-    state = load_checkpoint(out_path) or {"done": 0, "rows": []}
+
+def _continue(model, tokenizer, items: Sequence[tuple[int, str, str]], path: Path, cfg: DistillConfig, show: bool) -> None:
+    """Continue ``(index, source, text)`` items into the resumable file at ``path``."""
+    state = load_checkpoint(path) or {"done": 0, "rows": []}
     rows: list[dict] = state["rows"]
-    model.eval()
-    bar = tqdm(total=len(prompts), initial=state["done"], desc="distill", mininterval=10.0)
-    for start in range(state["done"], len(prompts), cfg.batch_size):
-        chunk = prompts[start : start + cfg.batch_size]
-        for (source, _), (p, new) in zip(chunk, _generate_batch(model, tokenizer, [render_prompt(tokenizer, src, t) for src, t in chunk], cfg)):
+    bar = tqdm(total=len(items), initial=state["done"], desc="distill", mininterval=10.0, disable=not show)
+    for start in range(state["done"], len(items), cfg.batch_size):
+        chunk = items[start : start + cfg.batch_size]
+        for (index, source, _), (p, new) in zip(chunk, _generate_batch(model, tokenizer, [t for _, _, t in chunk], cfg)):
             if new:
-                rows.append({"source": source, "ids": p + new, "prompt_len": len(p)})
-        save_checkpoint(out_path, done=start + len(chunk), rows=rows)
+                rows.append({"index": index, "source": source, "ids": p + new, "prompt_len": len(p)})
+        save_checkpoint(path, done=start + len(chunk), rows=rows)
         bar.update(len(chunk))
     bar.close()
+
+
+def generate_continuations(
+    model,
+    tokenizer,
+    prompts: Sequence[tuple[str, str]],
+    out_path: Path,
+    cfg: DistillConfig = DistillConfig(),
+    ctx: DistContext = DistContext(),
+) -> list[DistillSequence]:
+    """Greedy continuations of ``(source, rendered prompt text)`` pairs, resumable via ``out_path``."""
+    out_path = Path(out_path)
+    model.eval()
+    done = load_checkpoint(out_path) if ctx.world_size > 1 else None
+    if done is None or done.get("done") != len(prompts):
+        items = shard([(i, src, text) for i, (src, text) in enumerate(prompts)], ctx)
+        part = _part_path(out_path, ctx)
+        _continue(model, tokenizer, items, part, cfg, ctx.is_main)
+        barrier(ctx)
+        if ctx.world_size > 1 and ctx.is_main:
+            parts = [_part_path(out_path, attrs.evolve(ctx, rank=r)) for r in range(ctx.world_size)]
+            rows = sorted((row for p in parts for row in (load_checkpoint(p) or {"rows": []})["rows"]), key=lambda r: r["index"])
+            save_checkpoint(out_path, done=len(prompts), rows=rows)
+            for p in parts:
+                p.unlink(missing_ok=True)
+        barrier(ctx)
     return load_continuations(out_path)
 
 

@@ -1,34 +1,56 @@
-"""Train a DFlash-format block-diffusion drafter for a frozen target.
+"""Train a DFlash-format block-diffusion drafter for a frozen target, on one process or many.
 
-Each training sequence is a prompt followed by the target's greedy continuation. Per sequence, one frozen
-target forward gives the features (concatenated outputs of ``target_layer_ids``) of every position; random
-anchors ``a`` inside the continuation give blocks ``[token a, MASK x (B - 1)]`` that see the features of
-positions ``< a`` only, exactly as at inference where the anchor is the not-yet-verified root. Mask slot
-``k`` is trained with cross-entropy on the token at ``a + k``, weighted by ``exp(-(k - 1) / gamma)``: early
-slots matter more because a later slot only counts when every earlier one was accepted.
+Each training sequence is a prompt followed by the target's greedy continuation. Its target features
+(concatenated outputs of ``target_layer_ids``, see :mod:`bastion.training.features`) come from the frozen
+target online or from a precomputed store; random anchors ``a`` inside the continuation give blocks
+``[token a, MASK x (B - 1)]`` that see the features of positions ``< a`` only, exactly as at inference
+where the anchor is the not-yet-verified root. Mask slot ``k`` is trained with cross-entropy on the token
+at ``a + k``, weighted by ``exp(-(k - 1) / gamma)``: early slots matter more because a later slot only
+counts when every earlier one was accepted.
+
+Batches. One optimizer step sees ``seqs_per_step`` sequences (the global batch), drawn from a generator
+seeded by ``(seed, step)``; the anchors of batch slot ``j`` come from a generator seeded by
+``(seed, step, j)``. Under ``torchrun`` rank ``r`` of ``W`` takes slots ``r, r + W, ...``, so the batch,
+and hence the update, does not depend on the rank count. Each rank accumulates the gradients of its
+slots one sequence at a time (memory of one sequence whatever the batch) and DistributedDataParallel
+all-reduces them once per step.
+
+Checkpoints. Rank 0 writes ``checkpoint.pt`` (drafter, optimizer, step, evaluations); every rank resumes
+from it. The optimizer state is the same on every rank, so one checkpoint serves any rank count.
 
 The drafter borrows the target's embedding and lm head (frozen); only the draft layers, ``fc`` and the
-norms learn. Checkpoints are resumable; the final drafter is written with ``save_pretrained`` in the
-DFlash checkpoint format.
+norms learn, in float32 (bfloat16 autocast on CUDA). The final drafter is written with
+``save_pretrained`` in the DFlash checkpoint format.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import attrs
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from bastion.core.errors import InvalidInputError
+from bastion.distributed import DistContext, barrier
 from bastion.training.distill import DistillSequence
-from bastion.training.loop import lr_at, resume, save_checkpoint, seed_everything
+from bastion.training.features import FeatureSource, OnlineFeatures, target_features
+from bastion.training.loop import load_checkpoint, lr_at, resume, save_checkpoint, seed_everything
 
-__all__ = ["DrafterTrainConfig", "build_drafter", "train_drafter", "evaluate_drafter", "target_features"]
+__all__ = [
+    "DrafterTrainConfig",
+    "build_drafter",
+    "trainable_indices",
+    "train_drafter",
+    "evaluate_drafter",
+    "target_features",
+]
 
 _pos = attrs.validators.gt(0)
 
@@ -40,18 +62,19 @@ class DrafterTrainConfig:
     target_layer_ids: tuple[int, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
     intermediate_size: int | None = None
     anchors_per_seq: int = attrs.field(default=32, validator=_pos)
-    seqs_per_step: int = attrs.field(default=4, validator=_pos)
+    seqs_per_step: int = attrs.field(default=4, validator=_pos)  # global batch, over every rank
     steps: int = attrs.field(default=2400, validator=_pos)
     lr: float = attrs.field(default=1e-3, validator=_pos)
     warmup: int = attrs.field(default=50, validator=attrs.validators.ge(1))
     weight_decay: float = attrs.field(default=0.01, validator=attrs.validators.ge(0))
     gamma: float = attrs.field(default=7.0, validator=_pos)
     save_every: int = attrs.field(default=50, validator=_pos)
+    eval_every: int = attrs.field(default=0, validator=attrs.validators.ge(0))  # 0: evaluate at the end only
     seed: int = 0
 
 
 def build_drafter(target, cfg: DrafterTrainConfig, mask_token_id: int):
-    """A fresh :class:`DFlashDraftModel` sized for ``target`` (an HF causal LM)."""
+    """A fresh :class:`DFlashDraftModel` sized for ``target`` (an HF causal LM), float32."""
     from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel
 
     n_layers = target.config.num_hidden_layers
@@ -67,11 +90,10 @@ def build_drafter(target, cfg: DrafterTrainConfig, mask_token_id: int):
     return DFlashDraftModel(dcfg)
 
 
-@torch.no_grad()
-def target_features(target, ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
-    """Features of every position of ``ids`` [L]: concatenated decoder-layer outputs -> [1, L, F]."""
-    out = target(input_ids=ids[None], output_hidden_states=True)
-    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+def trainable_indices(seqs: Sequence[DistillSequence], exclude: Sequence[int] = ()) -> list[int]:
+    """Indices of the sequences that give at least one anchor (a generated token with a label)."""
+    skip = set(exclude)
+    return [i for i, s in enumerate(seqs) if i not in skip and len(s.ids) - 2 >= s.prompt_len]
 
 
 def _anchors(seq: DistillSequence, n: int, rng: random.Random) -> torch.Tensor:
@@ -83,51 +105,63 @@ def _anchors(seq: DistillSequence, n: int, rng: random.Random) -> torch.Tensor:
     return torch.tensor(sorted(picks), dtype=torch.long)
 
 
-def _slot_weights(k: int, gamma: float) -> torch.Tensor:
-    return torch.exp(-torch.arange(k, dtype=torch.float32) / gamma)  # [K]
+def _slot_weights(k: int, gamma: float, device: torch.device) -> torch.Tensor:
+    return torch.exp(-torch.arange(k, dtype=torch.float32, device=device) / gamma)  # [K]
 
 
-def _block_loss(model, target, seq: DistillSequence, anchors: torch.Tensor, gamma: float):
-    """(weighted loss, logits [N, K, V], labels [N, K]) for one sequence's anchors."""
+def _block_loss(net, model, target, feats: torch.Tensor, seq: DistillSequence, anchors: torch.Tensor, gamma: float):
+    """(weighted loss, logits [N, K, V], labels [N, K]) for one sequence's anchors. ``net`` is ``model``
+    or its DistributedDataParallel wrapper (whose forward is the draft network's)."""
     from bastion.training.blocks import make_training_blocks
 
     cfg = model.config
-    feats = target_features(target, seq.ids, cfg.target_layer_ids)  # [1, L, F]
-    blocks = make_training_blocks(seq.ids, anchors, cfg.block_size, cfg.mask_token_id)
-    logits = model.block_logits(
-        feats,
-        blocks.block_ids,
-        embed=target.get_input_embeddings(),
-        head=target.get_output_embeddings(),
-        block_positions=blocks.block_positions,
-        context_mask=blocks.context_mask,
-    )  # [N, K, V]
+    device = model.device
+    blocks = make_training_blocks(seq.ids.to(device), anchors.to(device), cfg.block_size, cfg.mask_token_id)
+    embeds = target.get_input_embeddings()(blocks.block_ids)  # [N, B, H]
+    hidden = net(embeds, blocks.block_positions, feats, None, blocks.context_mask)  # [N, B, H]
+    head = target.get_output_embeddings()
+    logits = head(hidden[:, 1:].to(head.weight.dtype))  # [N, K, V]
     ce = F.cross_entropy(logits.flatten(0, 1).float(), blocks.labels.flatten(), ignore_index=-100, reduction="none")
     ce = ce.view_as(blocks.labels)  # [N, K]
-    w = _slot_weights(ce.shape[1], gamma)[None, :] * (blocks.labels != -100)  # [N, K]
+    w = _slot_weights(ce.shape[1], gamma, device)[None, :] * (blocks.labels != -100)  # [N, K]
     return (ce * w).sum() / w.sum().clamp_min(1e-6), logits, blocks.labels
 
 
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 @torch.no_grad()
-def evaluate_drafter(model, target, seqs: Sequence[DistillSequence], *, anchors_per_seq: int = 32, seed: int = 1234) -> dict:
-    """Held-out teacher-forced figures: loss per slot and the chain acceptance length (1 + number of
-    leading slots whose argmax equals the target's greedy token), averaged over anchors."""
+def evaluate_drafter(
+    model, target, seqs: Sequence[DistillSequence], *, features: FeatureSource | None = None,
+    indices: Sequence[int] | None = None, anchors_per_seq: int = 32, seed: int = 1234,
+) -> dict:
+    """Held-out teacher-forced figures: top-1 accuracy per slot and the chain acceptance length (1 +
+    number of leading slots whose argmax equals the target's greedy token), averaged over anchors."""
+    was_training = model.training
     model.eval()
+    source = features or OnlineFeatures(target, model.config.target_layer_ids)
     rng = random.Random(seed)
     k = model.config.block_size - 1
     correct = torch.zeros(k)
     counted = torch.zeros(k)
     accept = []
-    for seq in seqs:
+    for i in indices if indices is not None else range(len(seqs)):
+        seq = seqs[i]
         anchors = _anchors(seq, anchors_per_seq, rng)
         if not len(anchors):
             continue
-        _, logits, labels = _block_loss(model, target, seq, anchors, 1.0)
-        hit = (logits.argmax(-1) == labels) & (labels != -100)  # [N, K]
+        with _autocast(model.device):
+            feats = source.features(i, seq, model.device)
+            _, logits, labels = _block_loss(model, model, target, feats, seq, anchors, 1.0)
+        hit = ((logits.argmax(-1) == labels) & (labels != -100)).cpu()  # [N, K]
+        labels = labels.cpu()
         correct += hit.float().sum(0)
         counted += (labels != -100).float().sum(0)
         accept.append(1.0 + hit.long().cumprod(dim=1).sum(1).float())  # [N]
-    model.train()
+    model.train(was_training)
     acc = torch.cat(accept) if accept else torch.zeros(1)
     return {
         "chain_acceptance": round(float(acc.mean()), 4),
@@ -135,70 +169,129 @@ def evaluate_drafter(model, target, seqs: Sequence[DistillSequence], *, anchors_
     }
 
 
+def _global_sum(value: float, ctx: DistContext, device: torch.device) -> float:
+    if not ctx.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t)
+    return float(t.item())
+
+
 def train_drafter(
     target,
     seqs: Sequence[DistillSequence],
-    heldout: Sequence[DistillSequence],
+    train_ids: Sequence[int],
+    held_ids: Sequence[int],
     cfg: DrafterTrainConfig,
     mask_token_id: int,
     out_dir: Path,
     *,
+    features: FeatureSource | None = None,
+    ctx: DistContext = DistContext(),
+    evaluate: Any = None,
     log=print,
 ) -> dict:
-    """Train (or resume) a drafter for the frozen ``target``; writes the DFlash checkpoint and a
-    ``train_summary.json`` to ``out_dir``."""
+    """Train (or resume) a drafter for the frozen ``target`` on ``seqs[train_ids]``; rank 0 writes the
+    DFlash checkpoint and ``train_summary.json`` to ``out_dir``.
+
+    ``evaluate``: None, or a callable ``(draft model) -> dict`` (e.g. the held-out acceptance evaluation
+    of :mod:`bastion.training.evaluate`) run by rank 0 every ``cfg.eval_every`` steps and at the end;
+    its results are kept in the checkpoint, logged and written to the summary."""
+    if not train_ids:
+        raise InvalidInputError("no training sequence has a generated continuation of 2 tokens or more")
+    if cfg.seqs_per_step % ctx.world_size:
+        raise InvalidInputError(
+            f"--seqs-per-step ({cfg.seqs_per_step}) must be a multiple of the number of ranks ({ctx.world_size})"
+        )
     out_dir = Path(out_dir)
     ckpt_path = out_dir / "checkpoint.pt"
+    say = log if ctx.is_main else (lambda *_a, **_k: None)
     seed_everything(cfg.seed)
-    target.eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
-    model = build_drafter(target, cfg, mask_token_id)
+    device = ctx.device
+    model = build_drafter(target, cfg, mask_token_id).to(device)
+    source = features or OnlineFeatures(target, model.config.target_layer_ids)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    step, elapsed = resume(ckpt_path, model, opt, log=log)
+    step, elapsed = resume(ckpt_path, model, opt, log=say)
+    evals: list[dict] = list((load_checkpoint(ckpt_path) or {}).get("evals", [])) if step else []
+    net: torch.nn.Module = model
+    if ctx.distributed:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"drafter: {n_params / 1e6:.2f}M parameters, {len(seqs)} training sequences")
+    say(f"drafter: {n_params / 1e6:.2f}M parameters, {len(train_ids)} training sequences, "
+        f"{ctx.world_size} rank(s), global batch {cfg.seqs_per_step}")
+
+    def run_eval(at: int) -> None:
+        if evaluate is None or not ctx.is_main:
+            return
+        with torch.no_grad():
+            row = {"step": at, **evaluate(model)}
+        evals.append(row)
+        say("eval " + json.dumps(row))
+
     model.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc="drafter", mininterval=10.0)
-    t0 = time.perf_counter() - elapsed
+    slots = list(range(ctx.rank, cfg.seqs_per_step, ctx.world_size))  # this rank's batch slots
+    scale = ctx.world_size / cfg.seqs_per_step  # DDP averages over ranks: the update is sum(loss) / batch
+    bar = tqdm(total=cfg.steps, initial=step, desc="drafter", mininterval=10.0, disable=not ctx.is_main)
+    t0 = time.perf_counter()
+    tokens = 0
     loss_ema = None
     while step < cfg.steps:
-        rng = random.Random(cfg.seed * 1_000_003 + step)
-        batch = [seqs[rng.randrange(len(seqs))] for _ in range(cfg.seqs_per_step)]
+        rng = random.Random(f"{cfg.seed}:{step}")
+        batch = [train_ids[rng.randrange(len(train_ids))] for _ in range(cfg.seqs_per_step)]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, peak=cfg.lr, warmup=cfg.warmup, total=cfg.steps)
         opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for seq in batch:
-            anchors = _anchors(seq, cfg.anchors_per_seq, rng)
-            if not len(anchors):
-                continue
-            loss, _, _ = _block_loss(model, target, seq, anchors, cfg.gamma)
-            (loss / len(batch)).backward()
-            total += float(loss.detach()) / len(batch)
+        local = 0.0
+        for n, j in enumerate(slots):
+            seq = seqs[batch[j]]
+            anchors = _anchors(seq, cfg.anchors_per_seq, random.Random(f"{cfg.seed}:{step}:{j}"))
+            last = n == len(slots) - 1  # DDP all-reduces on the last backward of the step only
+            sync = contextlib.nullcontext() if last or not ctx.distributed else net.no_sync()  # type: ignore[operator]
+            with sync, _autocast(device):
+                feats = source.features(batch[j], seq, device)  # [1, L, F]
+                loss, _, _ = _block_loss(net, model, target, feats, seq, anchors, cfg.gamma)
+                (loss * scale).backward()
+            local += float(loss.detach()) / cfg.seqs_per_step
+            tokens += len(seq.ids)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
+        total = _global_sum(local, ctx, device)
         loss_ema = total if loss_ema is None else 0.97 * loss_ema + 0.03 * total
         bar.update(1)
         bar.set_postfix(loss=f"{loss_ema:.3f}", lr=f"{opt.param_groups[0]['lr']:.2e}")
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            save_checkpoint(ckpt_path, model=model.state_dict(), optimizer=opt.state_dict(), step=step, elapsed=time.perf_counter() - t0)
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+            run_eval(step)
+        if ctx.is_main and (step % cfg.save_every == 0 or step == cfg.steps):
+            save_checkpoint(ckpt_path, model=model.state_dict(), optimizer=opt.state_dict(), step=step,
+                            elapsed=elapsed + time.perf_counter() - t0, evals=evals)
     bar.close()
-    wall = time.perf_counter() - t0
-    model.eval()
-    model.save_pretrained(out_dir)
-    held = evaluate_drafter(model, target, heldout) if heldout else {}
-    summary = {
-        "parameters": n_params,
-        "steps": cfg.steps,
-        "training_sequences": len(seqs),
-        "wall_s": round(wall, 1),
-        "train_loss_ema": None if loss_ema is None else round(loss_ema, 4),
-        "heldout": held,
-        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.asdict(cfg).items()},
-        "target_layer_ids": list(model.config.target_layer_ids),
-    }
-    (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    log(f"drafter done in {wall:.0f}s; held-out teacher-forced chain acceptance {held.get('chain_acceptance')}")
+    run_wall = time.perf_counter() - t0
+    tokens_all = _global_sum(float(tokens), ctx, device)
+    summary: dict[str, Any] = {}
+    if ctx.is_main:
+        model.eval()
+        model.save_pretrained(out_dir)
+        if not evals or evals[-1]["step"] != cfg.steps:
+            run_eval(cfg.steps)
+        held = evaluate_drafter(model, target, seqs, features=source, indices=held_ids) if held_ids else {}
+        summary = {
+            "parameters": n_params,
+            "steps": cfg.steps,
+            "ranks": ctx.world_size,
+            "training_sequences": len(train_ids),
+            "wall_s": round(elapsed + run_wall, 1),
+            "tokens_per_s": round(tokens_all / run_wall, 1) if run_wall > 0 and tokens_all else None,
+            "train_loss_ema": None if loss_ema is None else round(loss_ema, 4),
+            "heldout": held,
+            "acceptance": evals,
+            "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.asdict(cfg).items()},
+            "target_layer_ids": list(model.config.target_layer_ids),
+        }
+        (out_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+        say(f"drafter done in {elapsed + run_wall:.0f}s; held-out teacher-forced chain acceptance "
+            f"{held.get('chain_acceptance')}; acceptance {evals[-1] if evals else None}")
+    barrier(ctx)
     return summary

@@ -1,0 +1,140 @@
+"""Target features for drafter training: computed online from the frozen target, or read from disk.
+
+The drafter reads the concatenated outputs of target layers ``target_layer_ids`` for every position of
+a training sequence (``[1, L, F]``, ``F = len(layer_ids) * hidden``). Two sources give the same tensor:
+
+- :class:`OnlineFeatures` runs the frozen target once per sequence per step (no disk, target forward
+  every step);
+- :class:`FeatureStore` holds them precomputed (``bastion train features``): one flat memory-mapped
+  array ``[total tokens, F]`` in the target's dtype plus per-sequence offsets, written once (by every
+  rank, each its share of the sequences, resumable through a per-sequence ``done`` flag) and then read
+  without any target forward.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from bastion.core.errors import InvalidInputError
+from bastion.distributed import DistContext, barrier
+from bastion.training.distill import DistillSequence
+
+__all__ = ["FeatureSource", "OnlineFeatures", "FeatureStore", "target_features", "write_features"]
+
+META = "features.json"
+DATA = "features.bin"
+DONE = "done.bin"
+
+#: numpy storage for each feature dtype (bfloat16 is kept bit for bit as int16)
+_STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.int16}
+
+
+class FeatureSource(Protocol):
+    """Features ``[1, L, F]`` of the sequence at ``index`` of the distilled data."""
+
+    def features(self, index: int, seq: DistillSequence, device: torch.device) -> torch.Tensor: ...
+
+
+@torch.no_grad()
+def target_features(target, ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
+    """Features of every position of ``ids`` [L]: concatenated decoder-layer outputs -> [1, L, F]."""
+    device = target.get_input_embeddings().weight.device
+    out = target(input_ids=ids[None].to(device), output_hidden_states=True)
+    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+class OnlineFeatures:
+    """One frozen-target forward per sequence, every time it is drawn."""
+
+    def __init__(self, target, layer_ids: Sequence[int]) -> None:
+        self.target = target
+        self.layer_ids = tuple(layer_ids)
+
+    def features(self, index: int, seq: DistillSequence, device: torch.device) -> torch.Tensor:
+        return target_features(self.target, seq.ids, self.layer_ids).to(device)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).replace("torch.", "")
+    if name not in _STORAGE:
+        raise InvalidInputError(f"features of dtype {name} cannot be stored; use float32, float16 or bfloat16")
+    return name
+
+
+class FeatureStore:
+    """Precomputed features on disk (see the module doc)."""
+
+    def __init__(self, directory: Path, meta: dict) -> None:
+        self.directory = Path(directory)
+        self.meta = meta
+        self.layer_ids = tuple(int(i) for i in meta["layer_ids"])
+        self.width = int(meta["width"])
+        self.offsets = [int(o) for o in meta["offsets"]]  # len = sequences + 1
+        self.dtype = str(meta["dtype"])
+        total = self.offsets[-1]
+        self._data = np.memmap(self.directory / DATA, dtype=_STORAGE[self.dtype], mode="r", shape=(max(total, 1), self.width))
+
+    @classmethod
+    def open(cls, directory: Path, *, layer_ids: Sequence[int] | None = None, sequences: int | None = None) -> "FeatureStore":
+        directory = Path(directory)
+        if not (directory / META).is_file():
+            raise InvalidInputError(f"{directory} holds no precomputed features (run `bastion train features`)")
+        meta = json.loads((directory / META).read_text())
+        done = np.fromfile(directory / DONE, dtype=np.uint8)
+        if not done.all():
+            raise InvalidInputError(f"{directory}: features of {int((done == 0).sum())} sequences are missing; re-run `bastion train features`")
+        store = cls(directory, meta)
+        if layer_ids is not None and tuple(layer_ids) != store.layer_ids:
+            raise InvalidInputError(f"{directory} holds features of target layers {list(store.layer_ids)}, the drafter reads {list(layer_ids)}")
+        if sequences is not None and sequences != len(store.offsets) - 1:
+            raise InvalidInputError(f"{directory} holds features of {len(store.offsets) - 1} sequences, the data has {sequences}")
+        return store
+
+    def features(self, index: int, seq: DistillSequence, device: torch.device) -> torch.Tensor:
+        lo, hi = self.offsets[index], self.offsets[index + 1]
+        if hi - lo != len(seq.ids):
+            raise InvalidInputError(f"stored features of sequence {index} cover {hi - lo} tokens, the sequence has {len(seq.ids)}")
+        t = torch.from_numpy(np.array(self._data[lo:hi]))
+        if self.dtype == "bfloat16":
+            t = t.view(torch.bfloat16)
+        return t[None].to(device)  # [1, L, F]
+
+
+def write_features(
+    target, seqs: Sequence[DistillSequence], layer_ids: Sequence[int], out_dir: Path, ctx: DistContext = DistContext()
+) -> FeatureStore:
+    """Compute and store the features of every sequence (resumable; rank r writes sequences r, r + W, ...)."""
+    out_dir = Path(out_dir)
+    layer_ids = tuple(int(i) for i in layer_ids)
+    hidden = int(target.config.hidden_size)
+    dtype = _dtype_name(target.get_input_embeddings().weight.dtype)
+    offsets = np.concatenate([[0], np.cumsum([len(s.ids) for s in seqs])]).tolist()
+    meta = {"layer_ids": list(layer_ids), "width": hidden * len(layer_ids), "dtype": dtype, "offsets": offsets}
+    if ctx.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        old = json.loads((out_dir / META).read_text()) if (out_dir / META).is_file() else None
+        if old != meta:  # a fresh store (or one for other data / layers): start over
+            np.memmap(out_dir / DATA, dtype=_STORAGE[dtype], mode="w+", shape=(max(offsets[-1], 1), meta["width"])).flush()
+            np.zeros(len(seqs), dtype=np.uint8).tofile(out_dir / DONE)
+            (out_dir / META).write_text(json.dumps(meta))
+    barrier(ctx)
+    data = np.memmap(out_dir / DATA, dtype=_STORAGE[dtype], mode="r+", shape=(max(offsets[-1], 1), meta["width"]))
+    done = np.memmap(out_dir / DONE, dtype=np.uint8, mode="r+", shape=(len(seqs),))
+    mine = [i for i in range(ctx.rank, len(seqs), ctx.world_size) if not done[i]]
+    for i in tqdm(mine, desc="features", mininterval=10.0, disable=not ctx.is_main):
+        feats = target_features(target, seqs[i].ids, layer_ids)[0].cpu()  # [L, F]
+        if dtype == "bfloat16":
+            feats = feats.view(torch.int16)
+        data[offsets[i] : offsets[i + 1]] = feats.numpy()
+        data.flush()  # the features reach the file before the flag that says so
+        done[i] = 1
+        done.flush()
+    del data, done
+    barrier(ctx)
+    return FeatureStore.open(out_dir, layer_ids=layer_ids, sequences=len(seqs))
