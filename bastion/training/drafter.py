@@ -217,7 +217,7 @@ def train_drafter(
     if ctx.distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     n_params = sum(p.numel() for p in model.parameters())
     say(f"drafter: {n_params / 1e6:.2f}M parameters, {len(train_ids)} training sequences, "
         f"{ctx.world_size} rank(s), global batch {cfg.seqs_per_step}")
