@@ -5,11 +5,22 @@ N = 64, 256, 1024. Per build, median over repeats, in milliseconds:
 
 * ``softmax``  Marginals.from_logits (input checks + log_softmax), paid once per step by the pipeline
 * ``probe``    per-depth top-(probe_k + 1) on the device + the single host transfer
-* ``full``     per-depth top-(N - 1) + host transfer (what a build costs when the probe is not enough)
+* ``thresh``   depth 1's top-(N - 1) + one comparison pass over the deeper depths + host transfer (what
+  a build adds when the probe is not enough)
 * ``heap``     best-first selection on host floats/ints (over the probed candidates when exact)
 * ``pack``     host lists -> Tree tensors
 * ``build``    BestFirstBuilder.build end to end; ``path``: ``direct`` (N - 1 <= probe_k, one top-k),
-  ``probe`` (the probe sufficed) or ``full`` (probe, then the full top-k)
+  ``probe`` (the probe sufficed) or ``threshold`` (probe, then one comparison pass for the tokens that
+  can still reach the probe's last score)
+
+Then, from the raw logits to a tree (what a decode step pays), against two reference-style builders
+written here for comparison, all exact best-first heaps over host candidates:
+
+* ``bastion``      Marginals.from_logits + BestFirstBuilder.build
+* ``topk-N``       one top-(N - 1) over the raw logits, logsumexp normalisation of the picked values,
+  heap, and an [N, N] ancestor-visibility matrix (the layout of the DDTree release)
+* ``topk-128``     the same with ranks capped at 128 per depth (as the official BASTION reproduction
+  script does; its trees differ from the optimum once a depth needs more than 128 ranks)
 
 Two clocks are reported: wall time, and the calling thread's CPU time (``--threads 1`` keeps torch's
 work on the calling thread, so CPU time is then robust to other processes competing for the cores).
@@ -21,14 +32,17 @@ Usage: python benchmarks/tree_build.py [--depth 15] [--vocab 151936] [--nodes 64
 from __future__ import annotations
 
 import argparse
+import heapq
 import statistics
 import time
 from typing import Callable
 
+import numpy as np
 import torch
 
 from bastion.core import Marginals
 from bastion.trees import BestFirstBuilder, ChainBuilder, StaticBuilder, expand_best_first
+from bastion.trees.best_first import threshold_candidates
 from bastion.trees.common import make_tree, top_candidates
 
 
@@ -65,6 +79,35 @@ def drafter_like_logits(depth: int, vocab: int, kind: str, seed: int = 0) -> tor
     return x
 
 
+def reference_build(logits: torch.Tensor, n: int, cap: int | None) -> tuple[list[int], list[int], torch.Tensor]:
+    """A reference-style best-first build from raw logits [K, V]: one top-k of ``min(n - 1, cap)`` ranks,
+    logsumexp normalisation of the picked values, a heap over (score, depth, rank), and an [n, n]
+    ancestor-visibility matrix filled row by row from the parent's row."""
+    k = min(n - 1, logits.shape[-1]) if cap is None else min(n - 1, cap, logits.shape[-1])
+    x = logits.float()
+    vals, idx = torch.topk(x, k, dim=-1)  # [K, k]
+    vals = (vals - torch.logsumexp(x, dim=-1, keepdim=True)).tolist()
+    idx = idx.tolist()
+    tokens, parents = [0], [-1]
+    heap = [(-vals[0][0], 0, 0, 0, 0.0)]
+    while heap and len(tokens) < n:
+        neg, d, r, p, ps = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(idx[d][r])
+        parents.append(p)
+        if r + 1 < k:
+            heapq.heappush(heap, (-(ps + vals[d][r + 1]), d, r + 1, p, ps))
+        if d + 1 < len(vals):
+            heapq.heappush(heap, (neg - vals[d + 1][0], d + 1, 0, node, -neg))
+    size = len(tokens)
+    vis = np.zeros((size, size), dtype=np.bool_)
+    vis[0, 0] = True
+    for i in range(1, size):
+        vis[i, :i] = vis[parents[i], :i]
+        vis[i, i] = True
+    return tokens, parents, torch.from_numpy(vis)
+
+
 def fmt(pair: tuple[float, float]) -> str:
     return f"{pair[0]:7.2f}/{pair[1]:<7.2f}"
 
@@ -89,27 +132,39 @@ def main() -> None:
     print(f"logits [{args.depth}, {args.vocab}] float32 ({args.logits}) on {device}, torch threads = {args.threads}")
     print("times in ms as wall/cpu (median of", args.repeats, "runs)")
     print(f"softmax (Marginals.from_logits): {fmt(median_ms(lambda: Marginals.from_logits(logits), args.repeats, device))}")
-    head = ("N", "probe", "full", "heap", "pack", "build", "path", "A_hat", "depth")
+    head = ("N", "probe", "thresh", "heap", "pack", "build", "path", "A_hat", "depth")
     print(f"{head[0]:>5} " + " ".join(f"{h:>15}" for h in head[1:6]) + f" {head[6]:>6} {head[7]:>7} {head[8]:>5}")
     for n in args.nodes:
         k = min(n - 1, m.vocab_size)
         probe = top_candidates(m.log_probs, m.depth, probe_k + 1)
-        full = top_candidates(m.log_probs, m.depth, k)
         probed = expand_best_first(probe, 0, n, width=probe_k)
         exact = probe_k < k and probed.is_exact(n)
-        heap_cand, heap_width = (probe, probe_k) if exact else (full, None)
+        if probe_k >= k:
+            heap_cand, heap_width = top_candidates(m.log_probs, m.depth, k), None
+        elif exact:
+            heap_cand, heap_width = probe, probe_k
+        else:
+            heap_cand, heap_width = threshold_candidates(m.log_probs, probe, probed.scores[-1], k, n), None
+        floor = probed.scores[-1]
         t_probe = median_ms(lambda: top_candidates(m.log_probs, m.depth, probe_k + 1), args.repeats, device)
-        t_full = median_ms(lambda: top_candidates(m.log_probs, m.depth, k), args.repeats, device)
+        t_full = median_ms(lambda: threshold_candidates(m.log_probs, probe, floor, k, n), args.repeats, device)
         t_heap = median_ms(lambda: expand_best_first(heap_cand, 0, n, width=heap_width), args.repeats, device)
         lists = expand_best_first(heap_cand, 0, n, width=heap_width).lists()
         t_pack = median_ms(lambda: make_tree(*lists, device), args.repeats, device)
         t_build = median_ms(lambda: builder.build(m, 0, n), args.repeats, device)
         tree = builder.build(m, 0, n)
-        path = "direct" if probe_k >= k else ("probe" if exact else "full")
+        path = "direct" if probe_k >= k else ("probe" if exact else "threshold")
         print(
             f"{n:>5} {fmt(t_probe)} {fmt(t_full)} {fmt(t_heap)} {fmt(t_pack)} {fmt(t_build)} {path:>6}"
             f" {tree.accept_score():7.3f} {tree.max_depth:>5}"
         )
+    print("from raw logits to a tree, wall/cpu ms (same run):")
+    print(f"{'N':>5} {'bastion':>15} {'topk-N':>15} {'topk-128':>15}")
+    for n in args.nodes:
+        ours = median_ms(lambda: builder.build(Marginals.from_logits(logits), 0, n), args.repeats, device)
+        wide = median_ms(lambda: reference_build(logits, n, None), args.repeats, device)
+        capped = median_ms(lambda: reference_build(logits, n, 128), args.repeats, device)
+        print(f"{n:>5} {fmt(ours)} {fmt(wide)} {fmt(capped)}")
     n_max = max(args.nodes)
     for name, other in (("chain", ChainBuilder()), ("static (default)", StaticBuilder())):
         t = median_ms(lambda: other.build(m, 0, n_max), args.repeats, device)

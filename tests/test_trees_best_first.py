@@ -150,3 +150,31 @@ def test_best_first_probe_result_reports_cut_siblings() -> None:
     narrow = expand_best_first(cand, root_token=0, max_nodes=3, width=1)
     assert narrow.cut_best == pytest.approx(math.log(0.3)) and not narrow.is_exact(3)
     assert expand_best_first(cand, root_token=0, max_nodes=2, width=1).is_exact(2)
+
+
+def _flat_marginals(depth: int = 4, vocab: int = 3000, seed: int = 0) -> Marginals:
+    gen = torch.Generator().manual_seed(seed)
+    return Marginals.from_logits(torch.randn(depth, vocab, generator=gen))  # [K, V], no strong tokens
+
+
+@pytest.mark.parametrize("max_nodes", [40, 300, 900])
+def test_best_first_threshold_path_equals_the_full_width_tree(max_nodes: int) -> None:
+    m = _flat_marginals()
+    fast = BestFirstBuilder(probe_k=4).build(m, root_token=0, max_nodes=max_nodes)
+    full = BestFirstBuilder(probe_k=None).build(m, root_token=0, max_nodes=max_nodes)
+    assert torch.equal(fast.tokens, full.tokens) and torch.equal(fast.parents, full.parents)
+    assert torch.equal(fast.log_scores, full.log_scores)
+
+
+def test_best_first_threshold_path_never_runs_a_full_width_top_k(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = _flat_marginals()
+    real_topk, calls = torch.topk, []
+
+    def counting_topk(x: torch.Tensor, k: int, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((tuple(x.shape), k))
+        return real_topk(x, k, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "topk", counting_topk)
+    BestFirstBuilder(probe_k=4).build(m, root_token=0, max_nodes=300)
+    wide = [(shape, k) for shape, k in calls if k > 5 and shape[0] > 1]  # more than probe + sentinel, several rows
+    assert calls and not wide, calls

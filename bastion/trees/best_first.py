@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import heapq
 
+import torch
+
 from bastion.core.interfaces import TreeBuilder
 from bastion.core.tree import Tree
 from bastion.core.types import Marginals
 from bastion.trees.common import NEG_INF, Candidates, check_build_args, check_optional_positive, make_tree, top_candidates
 
-__all__ = ["BestFirstBuilder", "Expansion", "expand_best_first"]
+__all__ = ["BestFirstBuilder", "Expansion", "expand_best_first", "threshold_candidates"]
+
+#: thresholds are lowered by this much so that float rounding never drops a candidate on the boundary
+_SLACK = 1e-4
 
 
 class Expansion:
@@ -55,14 +60,14 @@ def expand_best_first(cand: Candidates, root_token: int, max_nodes: int, width: 
     """Run the best-first heap over host candidates: at most ``max_nodes`` nodes, root first, in
     non-increasing score order.
 
-    Only ranks ``< width`` (default: all of ``cand``) become nodes. When ``cand`` holds one more
-    column, it is a sentinel: the exact score of the first sibling past ``width`` is recorded in
+    Rows of ``cand`` may differ in length (a row holds every candidate its depth can need). Only ranks
+    ``< width`` (default: all) become nodes. When a row holds more ranks than ``width``, rank ``width``
+    is a sentinel: the exact score of the first sibling past ``width`` is recorded in
     :attr:`Expansion.cut_best` so the caller can tell whether probing more ranks could change the tree.
     """
     values, tokens_at = cand.values, cand.tokens
     n_depth = cand.depth
-    width = cand.width if width is None else min(width, cand.width)
-    has_sentinel = cand.width > width
+    widths = [len(row) if width is None else min(width, len(row)) for row in values]  # usable ranks per depth
     cut_best = NEG_INF
     tokens = [root_token]
     parents = [-1]
@@ -70,7 +75,7 @@ def expand_best_first(cand: Candidates, root_token: int, max_nodes: int, width: 
     scores = [0.0]
     # heap entries: (-score, depth index d (node depth d + 1), rank r, parent node, parent score)
     heap: list[tuple[float, int, int, int, float]] = []
-    if n_depth and max_nodes > 1 and values[0][0] != NEG_INF:
+    if n_depth and max_nodes > 1 and widths[0] and values[0][0] != NEG_INF:
         heap.append((-values[0][0], 0, 0, 0, 0.0))
     push, pop = heapq.heappush, heapq.heappop
     n = 1
@@ -81,20 +86,65 @@ def expand_best_first(cand: Candidates, root_token: int, max_nodes: int, width: 
         parents.append(p)
         depths.append(d + 1)
         scores.append(s)
-        if r + 1 < width:  # next sibling: same parent, next rank
+        if r + 1 < widths[d]:  # next sibling: same parent, next rank
             v = values[d][r + 1]
             if v != NEG_INF:
                 push(heap, (-(ps + v), d, r + 1, p, ps))
-        elif has_sentinel:  # the next sibling lies past the probed ranks: remember its score
-            cut = ps + values[d][width]
+        elif r + 1 < len(values[d]):  # the next sibling lies past the probed ranks: remember its score
+            cut = ps + values[d][r + 1]
             if cut > cut_best:
                 cut_best = cut
-        if d + 1 < n_depth:  # first child: rank 0 one level deeper
+        if d + 1 < n_depth and widths[d + 1]:  # first child: rank 0 one level deeper
             v = values[d + 1][0]
             if v != NEG_INF:
                 push(heap, (-(s + v), d + 1, 0, n, s))
         n += 1
     return Expansion(tokens, parents, depths, scores, cut_best)
+
+
+def threshold_candidates(
+    log_probs: torch.Tensor, probe: Candidates, floor: float, k: int, max_nodes: int
+) -> Candidates:
+    """Every candidate of an optimal tree whose last node scores at least ``floor``, per depth, sorted.
+
+    Depth 1 takes its exact top-``k`` (one top-k over a single row). When that row holds
+    ``max_nodes - 1`` ranks, they alone make a tree of ``max_nodes`` nodes, so the optimal tree's last
+    score is at least the last of them as well as ``floor``. A node at depth ``d`` below a parent scoring ``s_p`` scores ``s_p + log q_d(x)``, and no
+    parent at depth ``d - 1`` scores more than ``B[d - 1]`` (the sum of each shallower depth's best
+    log-probability, read off ``probe``'s rank 0). So a deeper token can only enter the tree when
+    ``log q_d(x) >= floor - B[d - 1]``: one comparison pass over the depths whose threshold lies below
+    their best token, a device sort of the survivors and one host transfer. Rows are cut at ``k`` ranks;
+    there is no other rank cap, so the result is exact.
+    """
+    first = top_candidates(log_probs, 1, k)
+    if len(first.values[0]) >= max_nodes - 1:
+        floor = max(floor, first.values[0][max_nodes - 2])
+    best = [row[0] for row in probe.values]  # [D] rank-0 log-probability per depth
+    limits, above = [], best[0]
+    for top in best[1:]:
+        limits.append(floor - above - _SLACK)
+        above += top
+    live = [d + 1 for d, lim in enumerate(limits) if lim <= best[d + 1]]  # deeper depths that can hold a node
+    values: list[list[float]] = [first.values[0]] + [[] for _ in best[1:]]
+    tokens: list[list[int]] = [first.tokens[0]] + [[] for _ in best[1:]]
+    if not live:
+        return Candidates(values, tokens)
+    lp = log_probs.index_select(0, torch.tensor(live, device=log_probs.device))  # [L, V]
+    thr = torch.tensor([limits[d - 1] for d in live], dtype=lp.dtype, device=lp.device)  # [L]
+    hit = (lp >= thr[:, None]).nonzero()  # [M, 2] (row of lp, token), row-major: tokens ascending per row
+    vals = lp[hit[:, 0], hit[:, 1]]  # [M]
+    order = torch.argsort(vals, descending=True, stable=True)  # ties keep the lower token first
+    order = order[torch.argsort(hit[order, 0], stable=True)]  # group by row, values descending inside
+    row, vals, tok = hit[order, 0], vals[order], hit[order, 1]  # [M] each
+    start = torch.searchsorted(row, row, right=False)  # [M] index of each row's first survivor
+    keep = (torch.arange(row.numel(), device=row.device) - start) < k  # [M] rank within row < k
+    # one device -> host copy; token ids < 2**53 are exact in float64
+    packed = torch.stack((row[keep].double(), vals[keep].double(), tok[keep].double())).tolist()  # [3][M']
+    for r, value, token in zip(*packed):
+        d = live[int(r)]
+        values[d].append(value)
+        tokens[d].append(int(token))
+    return Candidates(values, tokens)
 
 
 class BestFirstBuilder(TreeBuilder):
@@ -106,14 +156,16 @@ class BestFirstBuilder(TreeBuilder):
     * ``top_k``: at most this many candidate tokens per depth (default ``min(max_nodes - 1, V)``; a
       larger value is clamped to the vocabulary size V). With a cap the tree is optimal among trees
       using only the top-k tokens of each depth.
-    * ``probe_k``: ranks fetched by the first, cheap top-k (default 128). When the heap would need a
-      rank past it (checked exactly with one extra sentinel rank), the build repeats with the full
-      top-k, so the result never depends on ``probe_k``; only the time does.
+    * ``probe_k``: ranks fetched by the first, cheap top-k (default 32). When the heap would need a
+      rank past it (checked exactly with one extra sentinel rank), the probe's tree still bounds the
+      optimal tree's last score from below, and one comparison pass collects exactly the tokens that
+      can reach that bound (:func:`threshold_candidates`); no second top-k and no rank cap, so the
+      result never depends on ``probe_k``; only the time does.
     """
 
     builds_valid_trees = True  # checked by check_tree_builder in the test suite
 
-    def __init__(self, max_depth: int | None = None, top_k: int | None = None, probe_k: int | None = 128) -> None:
+    def __init__(self, max_depth: int | None = None, top_k: int | None = None, probe_k: int | None = 32) -> None:
         self.max_depth = check_optional_positive("max_depth", max_depth)
         self.top_k = check_optional_positive("top_k", top_k)
         self.probe_k = check_optional_positive("probe_k", probe_k)
@@ -130,7 +182,8 @@ class BestFirstBuilder(TreeBuilder):
         return top_candidates(marginals.log_probs, self._depth(marginals), self._full_k(marginals, max_nodes))
 
     def expand(self, marginals: Marginals, root_token: int, max_nodes: int) -> Expansion:
-        """Both phases, probing ``probe_k`` ranks first and falling back to the full top-k if needed."""
+        """Both phases: probe ``probe_k`` ranks first; when that is not provably enough, collect exactly the
+        tokens that can still enter the tree (:func:`threshold_candidates`)."""
         depth, k = self._depth(marginals), self._full_k(marginals, max_nodes)
         if self.probe_k is not None and self.probe_k < k:
             # probe_k ranks plus one sentinel rank
@@ -138,6 +191,11 @@ class BestFirstBuilder(TreeBuilder):
             result = expand_best_first(probe, root_token, max_nodes, width=self.probe_k)
             if result.is_exact(max_nodes):
                 return result
+            if len(result.tokens) == max_nodes:
+                # the probe's last score bounds the optimal tree's last score from below: keep only the
+                # tokens that can reach it (exact, and far fewer than k ranks on every depth)
+                cand = threshold_candidates(marginals.log_probs[:depth], probe, result.scores[-1], k, max_nodes)
+                return expand_best_first(cand, root_token, max_nodes)
         cand = top_candidates(marginals.log_probs, depth, k)
         return expand_best_first(cand, root_token, max_nodes)
 
