@@ -19,7 +19,7 @@ from attrs import field, frozen
 
 from bastion.core.errors import InvalidInputError
 
-__all__ = ["DistContext", "env_ranks", "resolve_device", "setup", "teardown", "shard", "gather_objects", "barrier"]
+__all__ = ["DistContext", "env_ranks", "resolve_device", "setup", "teardown", "shard", "gather_objects", "broadcast_object", "barrier"]
 
 T = TypeVar("T")
 
@@ -112,3 +112,12 @@ def gather_objects(obj: T, ctx: DistContext) -> list[T] | None:
     out: list[Any] | None = [None] * ctx.world_size if ctx.is_main else None
     dist.gather_object(obj, out, dst=0)
     return out
+
+
+def broadcast_object(obj: T, ctx: DistContext) -> T:
+    """Rank 0's ``obj`` on every rank (the other ranks' ``obj`` is ignored); ``obj`` for one process."""
+    if not ctx.distributed:
+        return obj
+    box: list[Any] = [obj if ctx.is_main else None]
+    dist.broadcast_object_list(box, src=0, device=ctx.device if ctx.device.type == "cuda" else None)
+    return box[0]

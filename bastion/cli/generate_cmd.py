@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-_DTYPES = ("float32", "bfloat16", "float16")
+from bastion.cli.options import add_model_options, build_pipeline
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -21,55 +21,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Decode one prompt with BASTION. Without --target/--drafter the embedded demo pair is used.",
     )
     p.add_argument("--prompt", required=True, help="the prompt text")
-    p.add_argument("--target", help="target model: local directory or hub id (default: the demo pair)")
-    p.add_argument("--drafter", help="drafter: registered name, DFlash checkpoint dir or hub id (default: the demo pair)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--tree-builder", default="best-first", help="registered tree builder (default best-first)")
-    p.add_argument("--budget", type=int, default=None, help="verify a fixed number of tree nodes instead of the adaptive controller")
-    p.add_argument("--max-nodes", type=int, default=64, help="largest tree the builder drafts (default 64)")
     p.add_argument("--raw", action="store_true", help="feed the prompt as it is (no chat template)")
     p.add_argument("--compare-ar", action="store_true", help="also decode autoregressively and report the speedup")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=_DTYPES, default="float32")
+    add_model_options(p)
     p.set_defaults(func=run)
     return p
 
 
 def _encode(tokenizer: Any, prompt: str, raw: bool) -> list[int]:
-    if tokenizer is None:
-        from bastion.core.errors import InvalidInputError
+    from bastion.run.encode import prompt_ids
 
-        raise InvalidInputError("the target has no tokenizer files; pass a target directory with a tokenizer")
-    if not raw and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    return list(tokenizer.encode(prompt))
-
-
-def build_pipeline(args: argparse.Namespace):
-    import torch
-
-    from bastion import registry
-    from bastion.core.errors import InvalidInputError
-    from bastion.core.pipeline import Pipeline
-
-    if (args.target is None) != (args.drafter is None):
-        raise InvalidInputError("pass both --target and --drafter, or neither for the demo pair")
-    controller: Any = "bastion"
-    if args.budget is not None:
-        controller = registry.create("budget_controller", "fixed", budget=args.budget)
-    kwargs = dict(
-        tree_builder=args.tree_builder,
-        budget_controller=controller,
-        device=args.device,
-        dtype=getattr(torch, args.dtype),
-        max_nodes=args.max_nodes,
-    )
-    if args.target is None:
-        return Pipeline.demo(**kwargs)
-    return Pipeline.from_pretrained(args.target, args.drafter, **kwargs)
+    return prompt_ids(tokenizer, prompt, raw=raw)
 
 
 def summary_line(result: Any, ar_result: Any = None) -> str:

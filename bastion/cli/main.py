@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bastion.cli.plugins_cmd",
     "bastion.cli.train_cmd",
     "bastion.cli.generate_cmd",
+    "bastion.cli.run_cmd",
     "bastion.cli.bench_cmd",
     "bastion.cli.calibrate_cmd",
 )

@@ -37,3 +37,11 @@ class PluginLoadError(BastionError, RuntimeError):
 class InvalidFileError(BastionError, ValueError):
     """A file bastion reads is truncated, garbled, wrongly typed, unsafe or points outside its folder.
     The message names the file and, where one is at fault, the field."""
+
+
+class InvalidRowsError(InvalidInputError):
+    """Lines of an input file cannot be decoded; ``errors`` holds one description per line, in order."""
+
+    def __init__(self, summary: str, errors: "list[str] | tuple[str, ...]") -> None:
+        self.errors = tuple(errors)
+        super().__init__("\n  ".join([summary, *self.errors]))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
+import attrs
 import torch
 
-__all__ = ["tiny_config", "tiny_model", "save_tiny_target"]
+__all__ = ["tiny_config", "tiny_model", "save_tiny_target", "TinyPair", "save_tiny_pair"]
 
 Arch = Literal["qwen3", "llama"]
 
@@ -56,3 +58,38 @@ def save_tiny_target(path: str | Path, arch: Arch = "qwen3", seed: int = 0, **ov
     path = Path(path)
     tiny_model(arch, seed=seed, **overrides).save_pretrained(path)
     return path
+
+
+@attrs.frozen
+class TinyPair:
+    """Directories of a tiny target (with the demo pair's tokenizer) and a random DFlash drafter for it."""
+
+    target: Path
+    drafter: Path
+
+
+def save_tiny_pair(path: str | Path, *, seed: int = 0, block_size: int = 4, max_positions: int = 256) -> TinyPair:
+    """Write a tiny random Qwen3 target that loads with its tokenizer (the demo pair's: chat template,
+    ``<|endoftext|>`` as EOS) and a random 1-layer DFlash drafter for it; command-line runs take them as
+    ``--target`` / ``--drafter``."""
+    import shutil
+
+    from bastion.demo import demo_paths
+    from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel
+
+    root = Path(path)
+    demo = demo_paths().target
+    vocab = int(json.loads((demo / "config.json").read_text())["vocab_size"])
+    target_dir = save_tiny_target(
+        root / "target", "qwen3", seed=seed, vocab_size=vocab, eos_token_id=1, bos_token_id=1, max_position_embeddings=max_positions
+    )
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (demo / name).is_file():
+            shutil.copy(demo / name, target_dir / name)
+    from transformers import AutoConfig
+
+    torch.manual_seed(seed + 1)
+    cfg = DFlashConfig.for_target(AutoConfig.from_pretrained(str(target_dir)), num_layers=1, block_size=block_size, mask_token_id=4)
+    drafter_dir = DFlashDraftModel(cfg).save_pretrained(root / "drafter")
+    return TinyPair(target=target_dir, drafter=Path(drafter_dir))
+
