@@ -19,6 +19,23 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
+def shared_data():
+    """The public data sets, found exactly as training and benchmarks find them
+    (:func:`bastion.core.folders.default_data_dir`: ``$BASTION_DATA_DIR``, else ``./data`` or
+    ``../shared/data``). When ``BASTION_DATA_DIR`` is set (CI sets it) a missing folder FAILS the test;
+    only an unconfigured local checkout without the data skips."""
+    from bastion.core.folders import DATA_DIR_ENV, default_data_dir
+
+    found = default_data_dir()
+    if (found / "gsm8k").is_dir():
+        return found
+    message = f"the shared data sets are not at {found.resolve()} (no gsm8k/ there)"
+    if os.environ.get(DATA_DIR_ENV):
+        pytest.fail(f"{message}, but {DATA_DIR_ENV} points there")
+    pytest.skip(f"{message}; set {DATA_DIR_ENV} to run the data tests")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory):
     from bastion.testing.tiny import save_tiny_target
 

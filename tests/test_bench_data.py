@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,6 @@ from bastion.bench.datasets import (
 from bastion.bench.templates import TEMPLATES, byte_encode, encode_prompt, render_prompt
 from bastion.core.errors import InvalidInputError
 
-SHARED_DATA = Path(os.environ.get("BASTION_DATA_DIR") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 def _write_jsonl(path: Path, rows: list[dict], gz: bool = False) -> Path:
@@ -104,12 +102,11 @@ def test_data_dir_comes_from_the_environment_variable(monkeypatch: pytest.Monkey
     assert len(load_dataset("gsm8k")) == 5
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="the shared benchmark data is not checked out next to the repo")
-def test_the_public_benchmark_files_load_in_their_published_formats() -> None:
+def test_the_public_benchmark_files_load_in_their_published_formats(shared_data: Path) -> None:
     for name in FORMATS:
-        prompts = load_dataset(name, limit=3, data_dir=SHARED_DATA)
+        prompts = load_dataset(name, limit=3)  # found the way `bastion bench` finds them
         assert len(prompts) == 3 and all(p.text.strip() for p in prompts)
-    assert load_dataset("humaneval", limit=1, data_dir=SHARED_DATA)[0].id == "HumanEval/0"
+    assert load_dataset("humaneval", limit=1, data_dir=shared_data)[0].id == "HumanEval/0"
 
 
 class _ChatTok:

@@ -26,11 +26,13 @@ def test_every_command_has_help(capsys):
     sub = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
     assert len(sub.choices) >= len(COMMAND_MODULES) and "plugins" in sub.choices
     for command, parser in sub.choices.items():
-        assert parser.description or parser.format_usage(), command
+        assert parser.description and parser.description.strip(), f"bastion {command} has no description"
         with pytest.raises(SystemExit) as done:
             main([command, "--help"])
         assert done.value.code == 0
-        assert "usage: bastion " + command in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "usage: bastion " + command in out
+        assert " ".join(parser.description.split()[:4]) in " ".join(out.split()), f"--help of {command} omits its description"
 
 
 def test_plugins_json_lists_every_registered_component_with_its_source(capsys):

@@ -185,6 +185,15 @@ class NeedsFeatures(UnigramDrafter):
     feature_layers = (0,)
 
 
+class IndexErrorRoot(UnigramDrafter):
+    """Fails on a bad root by accident (indexing past its table), not with bastion's documented error."""
+
+    def propose(self, step: DraftStep) -> Marginals:
+        if not 0 <= step.root_token < self._v:
+            raise IndexError(f"index {step.root_token} is out of bounds")
+        return super().propose(step)
+
+
 @pytest.mark.parametrize(
     ("drafter", "message"),
     [
@@ -193,6 +202,7 @@ class NeedsFeatures(UnigramDrafter):
         (Random(), "not deterministic"),
         (AcceptsAnyRoot(), "outside the vocabulary"),
         (NeedsFeatures(), "pass target= or feature_dim="),
+        (IndexErrorRoot(), "outside the vocabulary .*raised IndexError"),
     ],
     ids=lambda x: type(x).__name__ if not isinstance(x, str) else "",
 )
@@ -284,6 +294,13 @@ class Decreasing(Linear):
         return 1.0 / n_tokens
 
 
+class NaNCrash(Linear):
+    def observe(self, n_tokens: int, context_len: int, seconds: float) -> None:
+        if seconds != seconds:
+            raise ZeroDivisionError("a NaN measurement")
+        super().observe(n_tokens, context_len, seconds)
+
+
 class NaNPoisoned(Linear):
     def observe(self, n_tokens: int, context_len: int, seconds: float) -> None:
         self.a = self.a + seconds
@@ -304,10 +321,11 @@ class InconsistentMany(Linear):
         (Negative(), {}, "need a finite value > 0"),
         (Decreasing(), {}, "decreases"),
         (NaNPoisoned(), {}, "NaN measurement poisoned"),
+        (NaNCrash(), {}, "raised ZeroDivisionError"),
         (Forgetful(base_s=1.0), {"calibration": True}, "calibration"),
         (InconsistentMany(), {}, "predict_many"),
     ],
-    ids=["negative", "decreasing", "nan", "no-calibration", "predict-many"],
+    ids=["negative", "decreasing", "nan", "nan-crash", "no-calibration", "predict-many"],
 )
 def test_check_latency_model_rejects_each_broken_model_with_a_clear_message(model, kwargs, message):
     with pytest.raises(AssertionError, match=message):
@@ -416,6 +434,15 @@ class NoShapeCheck(SampleAndMatch):
         return super().verify(tree, logits[: len(tree)], sampling, generator)
 
 
+class ShapeBug(SampleAndMatch):
+    """Rejects wrongly shaped logits only by accident (a RuntimeError from a tensor op)."""
+
+    def verify(self, tree, logits, sampling, generator=None):
+        if logits.shape[0] != len(tree):
+            torch.zeros(len(tree)) + torch.zeros(logits.shape[0])  # RuntimeError: sizes must match
+        return super().verify(tree, logits, sampling, generator)
+
+
 class BrokenPath(SampleAndMatch):
     def verify(self, tree, logits, sampling, generator=None):
         v = super().verify(tree, logits, sampling, generator)
@@ -427,7 +454,8 @@ class BrokenPath(SampleAndMatch):
     [
         (AcceptsEverything(), "greedy walk"),
         (DraftBiased(), "not lossless"),
-        (NoShapeCheck(), "must raise when logits have"),
+        (NoShapeCheck(), "must raise when logits have .*raised nothing"),
+        (ShapeBug(), "must raise when logits have .*raised RuntimeError"),
         (BrokenPath(), "not a root-to-node path"),
     ],
     ids=lambda x: type(x).__name__ if not isinstance(x, str) else "",

@@ -60,11 +60,20 @@ def test_example_drafter_in_a_pipeline_matches_the_targets_greedy_decoding(dist,
 
 
 def test_example_drafter_in_a_pipeline_samples_valid_tokens_reproducibly(dist, tiny_qwen3_dir):
+    """Valid: with top_k=3 every emitted token is among the target's own 3 most likely next tokens
+    (checked with the plain HF model); reproducible: the same seed gives the same tokens."""
+    from transformers import AutoModelForCausalLM
+
     fixed = bastion.registry.create("budget_controller", "fixed", budget=8)
     pipe = bastion.Pipeline.from_pretrained(tiny_qwen3_dir, "example-ngram", budget_controller=fixed)
     prompt = torch.tensor([[3, 4, 5, 3, 4]])
-    a = pipe.generate(prompt, max_new_tokens=12, temperature=0.8, seed=7, stop_on_eos=False)
-    b = pipe.generate(prompt, max_new_tokens=12, temperature=0.8, seed=7, stop_on_eos=False)
+    a = pipe.generate(prompt, max_new_tokens=12, temperature=0.8, top_k=3, seed=7, stop_on_eos=False)
+    b = pipe.generate(prompt, max_new_tokens=12, temperature=0.8, top_k=3, seed=7, stop_on_eos=False)
     assert a.tokens == b.tokens and len(a.tokens) == 12
-    assert all(0 <= t < pipe.target.vocab_size for t in a.tokens)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_qwen3_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.cat([prompt, torch.tensor([a.tokens])], dim=1)).logits[0]  # [L + 12, V]
+    top3 = logits[prompt.shape[1] - 1 : -1].topk(3, dim=-1).indices  # [12, 3] allowed token at each position
+    outside = [(i, t) for i, t in enumerate(a.tokens) if t not in top3[i].tolist()]
+    assert not outside, f"tokens outside the target's top-3: {outside}"
     assert all(s.budget <= 8 for s in a.steps)

@@ -155,9 +155,12 @@ def test_step_records_account_for_every_token_and_stage():
         assert s.context_len == ctx
         ctx += s.accepted + 1
         assert s.predicted_accept >= 1.0
-        t = s.timings
-        assert min(t.draft, t.tree, t.controller, t.verify, t.accept, t.commit, t.other) >= 0
-        assert t.verify > 0 and t.total >= t.verify
+        assert s.timings.verify > 0 and s.timings.draft > 0
+    # the stages partition each step: together with the prefill they account for the wall time (no
+    # stage counted twice, none left out; the loop's own bookkeeping is the small remainder)
+    staged = res.prefill_s + sum(s.timings.total for s in res.steps)
+    assert staged <= res.wall_s
+    assert staged >= 0.7 * res.wall_s, (staged, res.wall_s)
 
 
 def test_target_features_reach_the_drafter_for_every_committed_position():

@@ -10,23 +10,12 @@ import torch
 
 from bastion.cli.main import main
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _data_dir() -> Path:
-    import os
-
-    env = os.environ.get("BASTION_DATA_DIR")
-    cand = Path(env) if env else REPO.parent / "shared" / "data"
-    if not (cand / "gsm8k" / "train.jsonl").exists():
-        pytest.skip("shared data sets not available")
-    return cand
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def smoke_run(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
     out = tmp_path_factory.mktemp("recipe")
-    code = main(["train", "all", "--smoke", "--out", str(out), "--data-dir", str(_data_dir()), "--threads", "1"])
+    code = main(["train", "all", "--smoke", "--out", str(out), "--data-dir", str(shared_data), "--threads", "1"])
     assert code == 0
     return out
 

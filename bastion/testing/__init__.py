@@ -1,4 +1,5 @@
-"""Helpers for testing bastion components (tiny models, contract kit for plugin authors)."""
+"""Helpers for testing bastion components (tiny models, contract kit for plugin authors, sampler
+statistics in :mod:`bastion.testing.stats`)."""
 
 from bastion.testing.contract import (
     FixedLatencyModel,

@@ -32,12 +32,15 @@ from bastion.core.interfaces import (
     TreeBuilder,
     Verifier,
 )
+from bastion.core.errors import InvalidInputError, TreeValidationError
 from bastion.core.sampling import processed_log_probs
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, Verdict
+from bastion.testing.stats import DEFAULT_ALPHA, assert_fits
 
 __all__ = [
+    "DOCUMENTED_ERRORS",
     "FixedLatencyModel",
     "check_budget_controller",
     "check_component",
@@ -73,12 +76,24 @@ def _require(ok: bool, component: object, rule: str) -> None:
         raise AssertionError(f"{_name(component)}: {rule}")
 
 
-def _raises(fn: Callable[[], Any]) -> bool:
+#: what every component must raise for bad input: bastion's documented error for it
+#: (:class:`bastion.core.errors.InvalidInputError`; trees may raise its sibling TreeValidationError)
+DOCUMENTED_ERRORS: tuple[type[Exception], ...] = (InvalidInputError, TreeValidationError)
+
+
+def _require_error(component: object, fn: Callable[[], Any], rule: str) -> None:
+    """``fn()`` must raise one of :data:`DOCUMENTED_ERRORS`; any other exception (an IndexError from a
+    bug) or none at all breaks ``rule``."""
     try:
         fn()
-    except Exception:
-        return True
-    return False
+    except DOCUMENTED_ERRORS:
+        return
+    except Exception as exc:
+        raise AssertionError(
+            f"{_name(component)}: {rule}; it raised {type(exc).__name__}: {exc} instead of "
+            f"bastion.core.InvalidInputError"
+        ) from exc
+    raise AssertionError(f"{_name(component)}: {rule}; it raised nothing")
 
 
 def _check_type(component: object, iface: type) -> None:
@@ -203,9 +218,9 @@ def check_drafter(
     drafter.begin(DraftContext(tokens=ids, features=features))
     cold = drafter.propose(DraftStep(root_token=roots[0][0], context_len=int(ids.shape[0]), temperature=0.5))
     _check_marginals(drafter, cold, vocab, "temperature 0.5")
-    _require(
-        _raises(lambda: drafter.propose(DraftStep(root_token=vocab, context_len=int(ids.shape[0]), temperature=1.0))),
+    _require_error(
         drafter,
+        lambda: drafter.propose(DraftStep(root_token=vocab, context_len=int(ids.shape[0]), temperature=1.0)),
         f"propose() must raise for a root token outside the vocabulary (root_token={vocab})",
     )
     drafter.reset()
@@ -257,9 +272,9 @@ def check_tree_builder(
             trees.append(tree)
         if best_first:
             _check_best_first(builder, trees, budgets, label)
-    _require(
-        _raises(lambda: builder.build(cases[0][1], root_token=0, max_nodes=0)),
+    _require_error(
         builder,
+        lambda: builder.build(cases[0][1], root_token=0, max_nodes=0),
         "build() must raise for max_nodes=0 (a tree has at least its root)",
     )
 
@@ -319,7 +334,8 @@ def check_latency_model(
     Predictions are finite, positive floats; ``predict_many`` agrees with ``predict``; with
     ``monotone`` predictions never decrease as the tree grows; after :meth:`observe` has been fed
     measurements from a linear law, predictions stay finite, positive (and monotone); a NaN measurement
-    is rejected with an error or ignored, never allowed to poison later predictions. With
+    is rejected with :class:`~bastion.core.InvalidInputError` or ignored, never allowed to poison later
+    predictions. With
     ``calibration`` the predictions must also land within a factor of 2 of the law it observed.
     """
     _check_type(model, LatencyModel)
@@ -372,8 +388,13 @@ def check_latency_model(
                 )
     try:
         model.observe(n_tokens[0], context_lens[0], float("nan"))
-    except Exception:
-        pass
+    except DOCUMENTED_ERRORS:
+        pass  # rejecting the measurement is fine; any other exception is a bug
+    except Exception as exc:
+        raise AssertionError(
+            f"{_name(model)}: observe() of a NaN measurement raised {type(exc).__name__}: {exc}; "
+            "ignore it or raise bastion.core.InvalidInputError"
+        ) from exc
     t = model.predict(n_tokens[0], context_lens[0])
     _require(math.isfinite(t) and t > 0, model, f"a NaN measurement poisoned predict(): got {t!r}")
 
@@ -436,9 +457,9 @@ def check_budget_controller(
                     controller,
                     f"{where}: decide().predicted_speedup must be None or finite, got {s!r}",
                 )
-    _require(
-        _raises(lambda: controller.choose(torch.zeros(0), 1, latency, 0.0)),
+    _require_error(
         controller,
+        lambda: controller.choose(torch.zeros(0), 1, latency, 0.0),
         "choose() must raise for empty log_scores (a tree has at least its root)",
     )
 
@@ -472,7 +493,7 @@ def check_verifier(
     *,
     vocab_size: int = 6,
     trials: int = 2000,
-    tolerance: float = 0.08,
+    alpha: float = DEFAULT_ALPHA,
     seed: int = 0,
 ) -> None:
     """Check a :class:`~bastion.core.Verifier`.
@@ -481,8 +502,10 @@ def check_verifier(
     greedy walk (follow the child whose token is the target's argmax; the bonus is the argmax where the
     walk stops), with a well-formed path. Sampling (when ``supports_sampling``): verdicts are well formed,
     repeat for the same generator seed, never emit a token top-k filtering removed, and are lossless:
-    over ``trials`` draws the joint distribution of the first two emitted tokens must lie within
-    total-variation ``tolerance`` of the target's own. Wrongly shaped logits must raise.
+    over ``trials`` draws the joint distribution of the first two emitted tokens must fit the target's
+    own (chi-square goodness of fit at false-alarm rate ``alpha``, see :mod:`bastion.testing.stats`:
+    the acceptance region follows from ``trials``; more trials detect smaller deviations). Wrongly
+    shaped logits must raise :class:`~bastion.core.InvalidInputError`.
     """
     _check_type(verifier, Verifier)
     _require(vocab_size >= 6, verifier, "check_verifier needs vocab_size >= 6 (its test tree uses tokens 0..5)")
@@ -512,17 +535,17 @@ def check_verifier(
         _require(path == want, verifier, f"{where}: accepted path {path}, the target's greedy walk is {want}")
         bonus = int(logits[want[-1]].argmax())
         _require(v.bonus_token == bonus, verifier, f"{where}: bonus_token {v.bonus_token}, the target's argmax is {bonus}")
-    _require(
-        _raises(lambda: verifier.verify(tree, torch.randn(n + 1, vocab_size), greedy, None)),
+    _require_error(
         verifier,
+        lambda: verifier.verify(tree, torch.randn(n + 1, vocab_size), greedy, None),
         f"verify() must raise when logits have {n + 1} rows for a tree of {n} nodes",
     )
     if verifier.supports_sampling:
-        _check_sampling(verifier, tree, vocab_size, trials, tolerance, gen)
+        _check_sampling(verifier, tree, vocab_size, trials, alpha, gen)
 
 
 def _check_sampling(
-    verifier: Verifier, tree: Tree, vocab: int, trials: int, tolerance: float, gen: torch.Generator
+    verifier: Verifier, tree: Tree, vocab: int, trials: int, alpha: float, gen: torch.Generator
 ) -> None:
     n = len(tree)
     kids = tree.children_lists()
@@ -547,14 +570,10 @@ def _check_sampling(
         v = verifier.verify(tree, logits, sampling, g)
         _check_verdict(verifier, tree, v, vocab, f"sampling trial {t}")
         seen[tuple(v.emitted[:2])] += 1
-    tv = 0.5 * sum(abs(seen.get(k, 0) / trials - q) for k, q in exact.items())
-    tv += 0.5 * sum(c / trials for k, c in seen.items() if k not in exact)
-    _require(
-        tv <= tolerance,
-        verifier,
-        f"not lossless at temperature 1: the first two emitted tokens are {tv:.3f} (total variation) away from "
-        f"the target's distribution over {trials} draws (allowed {tolerance})",
-    )
+    try:
+        assert_fits(seen, exact, alpha=alpha, what="the first two emitted tokens")
+    except AssertionError as exc:
+        raise AssertionError(f"{_name(verifier)}: not lossless at temperature 1: {exc}") from None
     runs = []
     for _ in range(2):
         g2 = torch.Generator().manual_seed(1234)
