@@ -22,6 +22,7 @@ from typing import Iterable, Literal
 import numpy as np
 import torch
 
+from bastion.core.checks import predict_checked
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import BudgetController, BudgetDecision, LatencyModel
 
@@ -125,7 +126,7 @@ class BastionController(BudgetController):
         overhead = _check_overhead(overhead_s) + self.extra_overhead_s
         sizes, sizes_t = self._sizes(scores.shape[0])
         cand = sizes[1:]  # [N] allowed sizes, ascending
-        t_verify = latency.predict_many(sizes_t, context_len).numpy()  # [N + 1] seconds; [0] is n = 1
+        t_verify = predict_checked(latency, sizes_t, context_len).numpy()  # [N + 1] seconds; [0] is n = 1
         a_hat = np.cumsum(np.exp(scores))[cand - 1]  # [N] A_hat(T_n)
         cost = overhead + t_verify[1:]  # [N] seconds per step
         speedup = a_hat * (t_verify[0] / cost)  # [N] S(n)
@@ -163,7 +164,7 @@ class FixedController(BudgetController):
         n = min(self.budget, int(log_scores.shape[0]))
         if self.estimate:
             a_hat = float(log_scores[:n].detach().double().exp().sum())
-            times = latency.predict_many(torch.tensor([1, n]), context_len)
+            times = predict_checked(latency, torch.tensor([1, n]), context_len)
             cost = _check_overhead(overhead_s) + float(times[1])
             return BudgetDecision(n, a_hat * float(times[0]) / cost, predicted_accept=a_hat, predicted_cost_s=cost)
         return BudgetDecision(n)

@@ -2,8 +2,10 @@
 
 from bastion.core.errors import (
     BastionError,
+    ComponentError,
     DuplicateComponentError,
     IncompatibleComponentsError,
+    InvalidFileError,
     InvalidInputError,
     PluginLoadError,
     TreeValidationError,
@@ -27,6 +29,7 @@ from bastion.core.types import (
 
 __all__ = [
     "BastionError",
+    "ComponentError",
     "BudgetController",
     "BudgetDecision",
     "DraftContext",
@@ -35,6 +38,7 @@ __all__ = [
     "DuplicateComponentError",
     "GenerationResult",
     "IncompatibleComponentsError",
+    "InvalidFileError",
     "InvalidInputError",
     "LatencyModel",
     "Marginals",

@@ -34,7 +34,7 @@ class PluginLoadError(BastionError, RuntimeError):
     """A third-party plugin failed to import or to register its components."""
 
 
-class InvalidFileError(BastionError, ValueError):
+class InvalidFileError(InvalidInputError):
     """A file bastion reads is truncated, garbled, wrongly typed, unsafe or points outside its folder.
     The message names the file and, where one is at fault, the field."""
 
@@ -45,3 +45,8 @@ class InvalidRowsError(InvalidInputError):
     def __init__(self, summary: str, errors: "list[str] | tuple[str, ...]") -> None:
         self.errors = tuple(errors)
         super().__init__("\n  ".join([summary, *self.errors]))
+
+
+class ComponentError(BastionError, RuntimeError):
+    """A component broke its interface contract at run time: a wrong return type, a verdict that is not
+    a root path of the tree, a NaN or non-positive latency prediction... The message names the component."""

@@ -14,7 +14,9 @@ from typing import Any, Iterable
 
 import torch
 
+from bastion.core.checks import check_device
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.core.files import check_weights_folder
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import TargetOutput
@@ -110,11 +112,17 @@ class HFTarget(Target):
     ) -> "HFTarget":
         """Load a causal LM from a local directory or a hub id (no remote code)."""
         _check_attention(attn_implementation)
+        device = check_device(device)
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path_or_id), dtype=dtype, attn_implementation=attn_implementation, **kwargs
-        )
+        if Path(path_or_id).expanduser().is_dir():
+            check_weights_folder(Path(path_or_id).expanduser())  # broken files are named before HF reads them
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path_or_id), dtype=dtype, attn_implementation=attn_implementation, **kwargs
+            )
+        except (OSError, ValueError, KeyError) as exc:  # missing files, unknown model types, bad hub ids
+            raise InvalidInputError(f"cannot load the target model {str(path_or_id)!r}: {exc}") from exc
         return cls(model.to(device))
 
     # ------------------------------------------------------------------ properties

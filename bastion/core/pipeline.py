@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 import torch
 
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError, TreeValidationError
+from bastion.core.checks import check_greedy_verdict, check_marginals, check_tokenizer, check_verdict
+from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError, TreeValidationError
 from bastion.core.interfaces import (
     COMPONENT_INTERFACES,
     BudgetController,
@@ -69,6 +70,7 @@ class Pipeline:
         max_nodes: int = 64,
         tokenizer: Any = None,
         validate_trees: bool | None = None,
+        strict_verdicts: bool = False,
         component_options: Mapping[str, Mapping[str, Any]] | None = None,
         registry: Registry | None = None,
     ) -> None:
@@ -100,6 +102,8 @@ class Pipeline:
         if validate_trees is None:  # builders that guarantee valid trees declare it; check all others
             validate_trees = not self.tree_builder.builds_valid_trees
         self.validate_trees = bool(validate_trees)
+        #: also check greedy verdicts against the target's argmax (one extra transfer of n ints per step)
+        self.strict_verdicts = bool(strict_verdicts)
         self.latency_model.bind(target)
         self.drafter.bind(target)
         if self.drafter.vocab_size != target.vocab_size:
@@ -124,6 +128,7 @@ class Pipeline:
         max_nodes: int = 64,
         tokenizer: Any = None,
         attn_implementation: str = "sdpa",
+        strict_verdicts: bool = False,
         component_options: Mapping[str, Mapping[str, Any]] | None = None,
         registry: Registry | None = None,
     ) -> "Pipeline":
@@ -137,7 +142,7 @@ class Pipeline:
             target_path = str(target)
             target = HFTarget.from_pretrained(target_path, device=device, dtype=dtype, attn_implementation=attn_implementation)
             if tokenizer is None:
-                tokenizer = _try_tokenizer(target_path)
+                tokenizer = _load_tokenizer(target_path, target.vocab_size)
         if isinstance(drafter, (str, Path)):
             drafter_options = dict((component_options or {}).get("drafter", {}))
             name = str(drafter)
@@ -157,6 +162,7 @@ class Pipeline:
             verifier=verifier,
             max_nodes=max_nodes,
             tokenizer=tokenizer,
+            strict_verdicts=strict_verdicts,
             component_options={k: v for k, v in (component_options or {}).items() if k != "drafter"},
             registry=reg,
         )
@@ -301,6 +307,7 @@ class Pipeline:
             t1 = t2 = t3 = time.perf_counter()
         else:
             marginals = self.drafter.propose(DraftStep(root_token=root, context_len=ctx, temperature=draft_temperature))
+            marginals = check_marginals(marginals, self.target.vocab_size, self.drafter)
             if marginals.depth > max_depth:  # never draft past the position limit or the token budget
                 marginals = Marginals(marginals.log_probs[:max_depth])
             t1 = time.perf_counter()
@@ -318,6 +325,9 @@ class Pipeline:
         if stream is not None:  # node i samples position ctx + depth_i + 1: the same draw whatever the tree
             sampling = stream.for_tree(sampling, ctx, tree.depths)
         verdict = self.verifier.verify(tree, out.logits, sampling, generator)
+        check_verdict(verdict, tree, self.target.vocab_size, self.verifier)  # cheap, always on
+        if self.strict_verdicts and sampling.greedy:
+            check_greedy_verdict(verdict, tree, out.logits, self.verifier)
         t5 = time.perf_counter()
         nodes = verdict.accepted_nodes
         self.target.commit(nodes)
@@ -415,10 +425,26 @@ def _validate_built(tree: Tree, root: int, vocab_size: int) -> None:
         raise TreeValidationError(f"root first: node 0 holds token {int(tree.tokens[0])}, expected the root {root}")
 
 
-def _try_tokenizer(path: str) -> Any:
-    try:
-        from transformers import AutoTokenizer
+#: files whose presence means a folder ships a tokenizer
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
 
-        return AutoTokenizer.from_pretrained(path)
-    except Exception:  # a target without tokenizer files still decodes token ids
+
+def _load_tokenizer(path: str, vocab_size: int) -> Any:
+    """The tokenizer stored with the target at ``path``, checked against the target's vocabulary; None
+    when there is none (the pipeline then works on token ids). Tokenizer files that exist but cannot be
+    loaded raise :class:`InvalidFileError` with the loader's own message."""
+    from transformers import AutoTokenizer
+
+    local = Path(path).expanduser()
+    if local.is_dir() and not any((local / name).is_file() for name in _TOKENIZER_FILES):
         return None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as exc:
+        if not local.is_dir():  # a hub repository without tokenizer files
+            return None
+        raise InvalidFileError(f"the tokenizer files in {path} cannot be loaded: {exc}") from exc
+    except Exception as exc:  # tokenizers raise their own exception types for corrupt files
+        raise InvalidFileError(f"the tokenizer files in {path} cannot be loaded: {type(exc).__name__}: {exc}") from exc
+    check_tokenizer(tokenizer, vocab_size, path)
+    return tokenizer

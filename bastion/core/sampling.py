@@ -17,12 +17,11 @@ Verifiers receive the uniforms of a step's nodes in :attr:`SamplingConfig.unifor
 
 from __future__ import annotations
 
-import numbers
-
 import attrs
 import torch
 from attrs import field, frozen
 
+from bastion.core.checks import SEED_LIMIT, check_seed
 from bastion.core.errors import InvalidInputError
 from bastion.core.types import SamplingConfig
 
@@ -37,24 +36,10 @@ __all__ = [
     "at_position",
 ]
 
-#: seeds are integers in [0, SEED_LIMIT)
-SEED_LIMIT = 2**64
-
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15  # splitmix64 increment
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
-
-
-def check_seed(seed: object, *, name: str = "seed") -> int:
-    """``seed`` as a Python int in [0, 2**64); floats, bools and out-of-range values raise
-    :class:`InvalidInputError`."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise InvalidInputError(f"{name} must be an int in [0, 2**64), got {seed!r} ({type(seed).__name__})")
-    value = int(seed)
-    if not 0 <= value < SEED_LIMIT:
-        raise InvalidInputError(f"{name} must be an int in [0, 2**64), got {value}")
-    return value
 
 
 def _signed(x: int) -> int:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from bastion.core.errors import InvalidInputError
-from bastion.drafters.dflash.config import CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from bastion.core.errors import InvalidFileError, InvalidInputError
+from bastion.core.files import read_json_object, read_safetensors_header, safetensors_files
+from bastion.drafters.dflash.config import CONFIG_NAME, WEIGHTS_INDEX_NAME
 
-__all__ = ["is_dflash_checkpoint", "resolve_checkpoint_dir", "load_dflash_state_dict"]
+__all__ = [
+    "is_dflash_checkpoint",
+    "resolve_checkpoint_dir",
+    "weight_files",
+    "read_weight_shapes",
+    "load_dflash_state_dict",
+]
 
 
 def resolve_checkpoint_dir(path: str | Path, *, config_only: bool = False) -> Path:
@@ -37,27 +43,38 @@ def is_dflash_checkpoint(path: str | Path) -> bool:
     """Whether ``path`` (local directory or hub id) holds a DFlash checkpoint: a ``config.json`` with a
     ``dflash_config`` section and a ``block_size``. Never raises."""
     try:
-        data = json.loads((resolve_checkpoint_dir(path, config_only=True) / CONFIG_NAME).read_text())
-    except (InvalidInputError, OSError, ValueError):
+        data = read_json_object(resolve_checkpoint_dir(path, config_only=True) / CONFIG_NAME)
+    except InvalidInputError:
         return False
     return isinstance(data, dict) and isinstance(data.get("dflash_config"), dict) and "block_size" in data
+
+
+def weight_files(directory: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory (see :func:`bastion.core.files.safetensors_files`)."""
+    files = safetensors_files(directory)
+    if not files:
+        raise InvalidInputError(f"DFlash checkpoint {directory} has no .safetensors weights")
+    return files
+
+
+def read_weight_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names -> shapes of a checkpoint's weights, read from the safetensors headers only (no
+    tensor data is loaded); rotary buffers left out. Broken files raise :class:`InvalidFileError`."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in weight_files(directory):
+        shapes.update((k, info.shape) for k, info in read_safetensors_header(path).items())
+    return {k: v for k, v in shapes.items() if not k.endswith("rotary_emb.inv_freq")}
 
 
 def load_dflash_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory (single file or shards), rotary buffers left out."""
     from safetensors.torch import load_file
 
-    directory = Path(directory)
-    index = directory / WEIGHTS_INDEX_NAME
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (directory / WEIGHTS_NAME).is_file():
-        files = [WEIGHTS_NAME]
-    else:
-        files = sorted(p.name for p in directory.glob("*.safetensors"))
-    if not files:
-        raise InvalidInputError(f"DFlash checkpoint {directory} has no .safetensors weights")
     state: dict[str, torch.Tensor] = {}
-    for name in files:
-        state.update(load_file(str(directory / name)))
+    for path in weight_files(directory):
+        read_safetensors_header(path)  # names the file when it is truncated or garbled
+        try:
+            state.update(load_file(str(path)))
+        except Exception as exc:  # safetensors raises its own error types
+            raise InvalidFileError(f"{path}: cannot load the weights ({exc})") from exc
     return {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}

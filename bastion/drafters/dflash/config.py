@@ -10,7 +10,8 @@ import attrs
 import torch.nn.functional as F
 from attrs import field, frozen
 
-from bastion.core.errors import InvalidInputError
+from bastion.core.errors import InvalidFileError, InvalidInputError
+from bastion.core.files import read_json_object
 
 __all__ = ["DFlashConfig", "default_target_layer_ids", "CONFIG_NAME", "WEIGHTS_NAME", "WEIGHTS_INDEX_NAME"]
 
@@ -175,10 +176,14 @@ class DFlashConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "DFlashConfig":
-        """Parse a DFlash ``config.json`` dict. Missing required keys raise :class:`InvalidInputError`
-        naming them."""
+        """Parse a DFlash ``config.json`` dict. Missing or wrongly typed keys raise
+        :class:`InvalidInputError` naming them."""
+        if not isinstance(data, Mapping):
+            raise InvalidInputError(f"a DFlash config is a JSON object, got {type(data).__name__}")
         data = dict(data)
-        dflash = dict(data.get("dflash_config") or {})
+        dflash = data.get("dflash_config") or {}
+        if not isinstance(dflash, Mapping):
+            raise InvalidInputError(f"dflash_config must be an object, got {type(dflash).__name__}")
         required = [
             "hidden_size",
             "intermediate_size",
@@ -194,31 +199,35 @@ class DFlashConfig:
             missing.append("dflash_config.mask_token_id")
         if missing:
             raise InvalidInputError(f"DFlash config is missing {', '.join(missing)}")
+        ints = {k: _int_field(data, k) for k in required}
         layer_types = data.get("layer_types") or []
+        if not isinstance(layer_types, list):
+            raise InvalidInputError(f"layer_types must be a list, got {type(layer_types).__name__}")
         if data.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
             raise InvalidInputError("DFlash drafters with sliding-window attention layers are not supported")
-        heads = int(data["num_attention_heads"])
-        n_layers = int(data["num_hidden_layers"])
+        heads, n_layers = ints["num_attention_heads"], ints["num_hidden_layers"]
         layer_ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
         if layer_ids is None:
-            layer_ids = default_target_layer_ids(int(data["num_target_layers"]), n_layers)
+            layer_ids = default_target_layer_ids(ints["num_target_layers"], n_layers)
+        elif not isinstance(layer_ids, (list, tuple)) or any(isinstance(v, bool) or not isinstance(v, int) for v in layer_ids):
+            raise InvalidInputError(f"dflash_config.target_layer_ids must be a list of ints, got {layer_ids!r}")
         return cls(
-            hidden_size=int(data["hidden_size"]),
-            intermediate_size=int(data["intermediate_size"]),
+            hidden_size=ints["hidden_size"],
+            intermediate_size=ints["intermediate_size"],
             num_hidden_layers=n_layers,
             num_attention_heads=heads,
-            num_key_value_heads=int(data.get("num_key_value_heads") or heads),
-            head_dim=int(data.get("head_dim") or int(data["hidden_size"]) // heads),
-            vocab_size=int(data["vocab_size"]),
-            block_size=int(data["block_size"]),
-            num_target_layers=int(data["num_target_layers"]),
+            num_key_value_heads=_int_field(data, "num_key_value_heads", heads),
+            head_dim=_int_field(data, "head_dim", ints["hidden_size"] // heads),
+            vocab_size=ints["vocab_size"],
+            block_size=ints["block_size"],
+            num_target_layers=ints["num_target_layers"],
             target_layer_ids=layer_ids,
-            mask_token_id=int(mask_id),
-            rms_norm_eps=float(data.get("rms_norm_eps", 1e-6)),
+            mask_token_id=_int_field({"dflash_config.mask_token_id": mask_id}, "dflash_config.mask_token_id"),
+            rms_norm_eps=_float_field(data, "rms_norm_eps", 1e-6),
             rope_parameters=_rope_from_dict(data),
             hidden_act=str(data.get("hidden_act", "silu")),
             attention_bias=bool(data.get("attention_bias", False)),
-            max_position_embeddings=int(data.get("max_position_embeddings", 40960)),
+            max_position_embeddings=_int_field(data, "max_position_embeddings", 40960),
             extra={k: v for k, v in data.items() if k not in _HANDLED_KEYS},
         )
 
@@ -264,13 +273,42 @@ class DFlashConfig:
         from bastion.drafters.dflash.checkpoint import resolve_checkpoint_dir
 
         directory = resolve_checkpoint_dir(path, config_only=True)
-        return cls.from_dict(json.loads((directory / CONFIG_NAME).read_text()))
+        return cls.from_file_dict(read_json_object(directory / CONFIG_NAME), directory / CONFIG_NAME)
+
+    @classmethod
+    def from_file_dict(cls, data: Mapping[str, Any], source: str | Path) -> "DFlashConfig":
+        """:meth:`from_dict` for the contents of the file ``source``: errors name the file."""
+        try:
+            return cls.from_dict(data)
+        except InvalidFileError:
+            raise
+        except (InvalidInputError, TypeError, ValueError) as exc:
+            raise InvalidFileError(f"{source}: {exc}") from exc
 
     def save_pretrained(self, path: str | Path) -> Path:
         directory = Path(path)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / CONFIG_NAME).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
         return directory
+
+
+def _int_field(data: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    """``data[key]`` as an int (``default`` when absent or null); other types name the key."""
+    value = data.get(key)
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInputError(f"{key} must be an integer, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _float_field(data: Mapping[str, Any], key: str, default: float) -> float:
+    value = data.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInputError(f"{key} must be a number, got {value!r} ({type(value).__name__})")
+    return float(value)
 
 
 def _config_as_dict(config: Any) -> dict[str, Any]:

@@ -56,7 +56,6 @@ once, and passes them back as ``past_context`` so each step only projects the ne
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -65,10 +64,11 @@ from attrs import field, frozen
 from torch import nn
 
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.drafters.dflash.checkpoint import load_dflash_state_dict, resolve_checkpoint_dir
+from bastion.core.files import read_json_object
+from bastion.drafters.dflash.checkpoint import load_dflash_state_dict, read_weight_shapes, resolve_checkpoint_dir
 from bastion.drafters.dflash.config import _ACTIVATIONS, CONFIG_NAME, WEIGHTS_NAME, DFlashConfig
 
-__all__ = ["DFlashDraftModel", "ContextKV"]
+__all__ = ["DFlashDraftModel", "ContextKV", "expected_weight_shapes"]
 
 
 class RMSNorm(nn.Module):
@@ -370,30 +370,72 @@ class DFlashDraftModel(nn.Module):
         """Load a DFlash checkpoint from a local directory or a hub id (``dtype=None`` keeps the stored
         dtype). Missing or unexpected weight keys raise :class:`IncompatibleComponentsError` listing them."""
         directory = resolve_checkpoint_dir(path)
-        config = DFlashConfig.from_dict(json.loads((directory / CONFIG_NAME).read_text()))
+        config_path = directory / CONFIG_NAME
+        raw = read_json_object(config_path)
+        # everything below is checked against the weights' headers before a single module is built
+        shapes = read_weight_shapes(directory)
+        _check_layer_count(raw, shapes, path)
+        config = DFlashConfig.from_file_dict(raw, config_path)
+        _check_weight_shapes(expected_weight_shapes(config), shapes, path)
         with torch.device("meta"):
             model = cls(config)
         state = load_dflash_state_dict(directory)
-        expected = set(model.state_dict())
-        missing = sorted(expected - set(state))
-        unexpected = sorted(set(state) - expected)
-        if missing or unexpected:
-            parts = []
-            if missing:
-                parts.append(f"missing weights: {', '.join(missing)}")
-            if unexpected:
-                parts.append(f"unexpected weights: {', '.join(unexpected)}")
-            raise IncompatibleComponentsError(f"DFlash checkpoint {path} does not match its config; " + "; ".join(parts))
-        shapes = [
-            f"{k}: checkpoint {tuple(state[k].shape)} vs config {tuple(t.shape)}"
-            for k, t in model.state_dict().items()
-            if tuple(state[k].shape) != tuple(t.shape)
-        ]
-        if shapes:
-            raise IncompatibleComponentsError(f"DFlash checkpoint {path} has weights of the wrong shape: " + "; ".join(shapes))
         model = model.to_empty(device=device).to(dtype=dtype or state["fc.weight"].dtype)
         model.load_state_dict(state, strict=True)
         return model.eval()
+
+
+def expected_weight_shapes(config: DFlashConfig) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the weights a :class:`DFlashDraftModel` with ``config`` holds, computed from
+    the config alone (nothing is built), in ``state_dict`` order."""
+    hid, inter, d = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    bias = config.attention_bias
+    out: dict[str, tuple[int, ...]] = {}
+    for i in range(config.num_hidden_layers):
+        p = f"layers.{i}."
+        for proj, rows, cols in (("q_proj", q, hid), ("k_proj", kv, hid), ("v_proj", kv, hid), ("o_proj", hid, q)):
+            out[f"{p}self_attn.{proj}.weight"] = (rows, cols)
+            if bias:
+                out[f"{p}self_attn.{proj}.bias"] = (rows,)
+        out[f"{p}self_attn.q_norm.weight"] = (d,)
+        out[f"{p}self_attn.k_norm.weight"] = (d,)
+        out[f"{p}mlp.gate_proj.weight"] = (inter, hid)
+        out[f"{p}mlp.up_proj.weight"] = (inter, hid)
+        out[f"{p}mlp.down_proj.weight"] = (hid, inter)
+        out[f"{p}input_layernorm.weight"] = (hid,)
+        out[f"{p}post_attention_layernorm.weight"] = (hid,)
+    out["norm.weight"] = (hid,)
+    out["fc.weight"] = (hid, config.feature_size)
+    out["hidden_norm.weight"] = (hid,)
+    return out
+
+
+def _check_layer_count(raw: dict, shapes: dict[str, tuple[int, ...]], path: object) -> None:
+    """The config's ``num_hidden_layers`` must equal the layers the weights hold (checked first: an
+    absurd count must never reach the code that builds layers)."""
+    stored = {int(k.split(".")[1]) for k in shapes if k.startswith("layers.") and k.split(".")[1].isdigit()}
+    count = raw.get("num_hidden_layers")
+    if isinstance(count, int) and not isinstance(count, bool) and count != len(stored):
+        raise IncompatibleComponentsError(
+            f"DFlash checkpoint {path}: config.json says num_hidden_layers={count} but the weights hold "
+            f"{len(stored)} layers"
+        )
+
+
+def _check_weight_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]], path: object) -> None:
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing weights: {', '.join(missing)}")
+        if unexpected:
+            parts.append(f"unexpected weights: {', '.join(unexpected)}")
+        raise IncompatibleComponentsError(f"DFlash checkpoint {path} does not match its config; " + "; ".join(parts))
+    wrong = [f"{k}: checkpoint {found[k]} vs config {shape}" for k, shape in expected.items() if found[k] != shape]
+    if wrong:
+        raise IncompatibleComponentsError(f"DFlash checkpoint {path} has weights of the wrong shape: " + "; ".join(wrong))
 
 
 def _module_dtype(module: nn.Module, default: torch.dtype) -> torch.dtype:

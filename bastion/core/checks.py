@@ -1,0 +1,170 @@
+"""Checks on what components hand back and on user-facing values, in one place.
+
+Each check raises one of the project's errors (:mod:`bastion.core.errors`) whose message names the
+component at fault. The per-step checks are cheap: a few host comparisons on values the pipeline holds
+on the host already, plus one transfer of ``2 m`` integers for an ``m``-node accepted path.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+
+from bastion.core.errors import ComponentError, IncompatibleComponentsError, InvalidInputError
+from bastion.core.tree import Tree
+from bastion.core.types import Marginals, Verdict
+
+__all__ = [
+    "SEED_LIMIT",
+    "check_seed",
+    "check_device",
+    "check_marginals",
+    "check_verdict",
+    "check_greedy_verdict",
+    "predict_checked",
+    "check_tokenizer",
+]
+
+#: seeds are integers in [0, SEED_LIMIT)
+SEED_LIMIT = 2**64
+
+
+def _name(component: object) -> str:
+    return type(component).__name__
+
+
+def check_seed(seed: object, *, name: str = "seed") -> int:
+    """``seed`` as a Python int in [0, 2**64); floats, bools and out-of-range values raise
+    :class:`InvalidInputError`."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise InvalidInputError(f"{name} must be an int in [0, 2**64), got {seed!r} ({type(seed).__name__})")
+    value = int(seed)
+    if not 0 <= value < SEED_LIMIT:
+        raise InvalidInputError(f"{name} must be an int in [0, 2**64), got {value}")
+    return value
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` this process can use: an unknown name, or a CUDA / MPS device on
+    a build or machine without one, raises :class:`InvalidInputError` saying what to use instead."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidInputError(f"unknown device {device!r} (use cpu, cuda, cuda:N or mps)") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidInputError(f"device {device!r}: this torch build or machine has no CUDA device; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise InvalidInputError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise InvalidInputError(f"device {device!r}: MPS is not available here; use --device cpu")
+    return dev
+
+
+def check_marginals(marginals: Any, vocab_size: int, drafter: object) -> Marginals:
+    """What :meth:`Drafter.propose` returned must be :class:`Marginals` over the target's vocabulary."""
+    if not isinstance(marginals, Marginals):
+        raise ComponentError(
+            f"drafter {_name(drafter)}.propose returned {type(marginals).__name__}; it must return bastion.core.Marginals"
+        )
+    if marginals.vocab_size != vocab_size:
+        raise IncompatibleComponentsError(
+            f"drafter {_name(drafter)} proposed marginals over {marginals.vocab_size} tokens but the target's "
+            f"vocabulary has {vocab_size}"
+        )
+    return marginals
+
+
+def check_verdict(verdict: Any, tree: Tree, vocab_size: int, verifier: object) -> list[int]:
+    """The accepted nodes of ``verdict`` must be a parent chain from the root of ``tree``, its accepted
+    tokens the nodes' tokens, and its bonus token inside the vocabulary. Returns the nodes (host list).
+    One transfer of the path's parents and tokens (2 m integers) from the tree's device."""
+    who = f"verifier {_name(verifier)}"
+    if not isinstance(verdict, Verdict):
+        raise ComponentError(f"{who} returned {type(verdict).__name__}; it must return bastion.core.Verdict")
+    nodes_t = verdict.accepted_nodes
+    if not isinstance(nodes_t, torch.Tensor) or nodes_t.dim() != 1 or nodes_t.dtype not in (torch.long, torch.int32, torch.int):
+        raise ComponentError(f"{who}: accepted_nodes must be a 1-D integer tensor, got {getattr(nodes_t, 'shape', nodes_t)!r}")
+    nodes = nodes_t.tolist()
+    n = len(tree)
+    if not nodes or nodes[0] != 0:
+        raise ComponentError(f"{who}: the accepted path must start at the root (node 0), got {nodes}")
+    if len(nodes) != len(verdict.accepted_tokens) + 1:
+        raise ComponentError(
+            f"{who}: {len(nodes)} accepted nodes (root included) but {len(verdict.accepted_tokens)} accepted tokens"
+        )
+    if any(not 0 <= i < n for i in nodes):
+        raise ComponentError(f"{who}: accepted nodes {nodes} lie outside the tree's {n} nodes")
+    if not 0 <= verdict.bonus_token < vocab_size:
+        raise ComponentError(f"{who}: bonus token {verdict.bonus_token} lies outside the vocabulary [0, {vocab_size})")
+    if len(nodes) > 1:
+        idx = torch.tensor(nodes[1:], dtype=torch.long, device=tree.parents.device)
+        parents, tokens = torch.stack((tree.parents[idx], tree.tokens[idx])).tolist()  # [2, m - 1]
+        for prev, node, parent in zip(nodes, nodes[1:], parents):
+            if parent != prev:
+                raise ComponentError(
+                    f"{who}: accepted node {node} is not a child of node {prev} (its parent is {parent}); the "
+                    f"accepted nodes must form one root-to-node path"
+                )
+        if tuple(tokens) != tuple(verdict.accepted_tokens):
+            raise ComponentError(
+                f"{who}: accepted tokens {list(verdict.accepted_tokens)} differ from the tokens {tokens} of the "
+                f"accepted nodes {nodes[1:]}"
+            )
+    return nodes
+
+
+def check_greedy_verdict(verdict: Verdict, tree: Tree, logits: torch.Tensor, verifier: object) -> None:
+    """Strict check of a greedy verdict against the target's argmax: every accepted node's token is the
+    argmax at its parent and the bonus token is the argmax at the last node (stopping early stays
+    allowed: it is lossless, only slower). One extra transfer of ``n`` integers."""
+    who = f"verifier {_name(verifier)}"
+    best = logits.argmax(dim=-1).tolist()  # [n]
+    nodes = verdict.accepted_nodes.tolist()
+    tokens = tree.tokens.tolist()
+    for prev, node in zip(nodes, nodes[1:]):
+        if tokens[node] != best[prev]:
+            raise ComponentError(
+                f"{who} accepted node {node} (token {tokens[node]}) but the target's argmax after node {prev} is {best[prev]}"
+            )
+    last = nodes[-1]
+    if verdict.bonus_token != best[last]:
+        raise ComponentError(f"{who}: bonus token {verdict.bonus_token} is not the target's argmax {best[last]} after node {last}")
+
+
+def predict_checked(latency: Any, n_tokens: torch.Tensor, context_len: int) -> torch.Tensor:
+    """``latency.predict_many(n_tokens, context_len)`` as a float64 CPU tensor ``[N]``, checked: one
+    finite, positive number of seconds per size, else :class:`ComponentError` naming the model."""
+    who = f"latency model {_name(latency)}"
+    times = latency.predict_many(n_tokens, context_len)
+    if not isinstance(times, torch.Tensor) or tuple(times.shape) != tuple(n_tokens.shape):
+        raise ComponentError(
+            f"{who}.predict_many returned {getattr(times, 'shape', type(times).__name__)}; expected a tensor of "
+            f"shape {tuple(n_tokens.shape)}"
+        )
+    times = times.detach().to("cpu", torch.float64)
+    bad = ~(torch.isfinite(times) & (times > 0))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ComponentError(
+            f"{who} predicted {float(times[i])!r} s for {int(n_tokens[i])} tokens at context {context_len}; "
+            "predictions must be finite and > 0"
+        )
+    return times
+
+
+def check_tokenizer(tokenizer: Any, vocab_size: int, source: str) -> None:
+    """A tokenizer must produce ids inside the target's vocabulary and must not encode text to nothing."""
+    probe = "Hello, world! 123"
+    try:
+        ids = list(tokenizer.encode(probe, add_special_tokens=False))
+    except Exception as exc:  # tokenizers raise many types
+        raise IncompatibleComponentsError(f"the tokenizer of {source} cannot encode text: {exc}") from exc
+    if not ids:
+        raise IncompatibleComponentsError(f"the tokenizer of {source} encodes text to no tokens (an empty vocabulary?)")
+    if max(ids) >= vocab_size or min(ids) < 0:
+        raise IncompatibleComponentsError(
+            f"the tokenizer of {source} produces ids up to {max(ids)}, outside the target's vocabulary [0, {vocab_size})"
+        )
