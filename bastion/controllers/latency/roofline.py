@@ -6,7 +6,9 @@ online fit of the measured verify times.
 Before any observation the parameters come from a saved profile for this device and model, or from a
 prior (60% of peak compute, 80% of peak bandwidth, a per-layer fixed cost), which already orders sizes
 sensibly. Every verify the pipeline times is recorded; the parameters are refitted every few steps with
-the robust, recency-weighted fit of :mod:`bastion.controllers.latency.fit`.
+the robust, recency-weighted fit of :mod:`bastion.controllers.latency.fit`. After each refit a
+:class:`~bastion.controllers.latency.residual.ResidualTable` learns what the two lines cannot follow
+(steps of the real cost curve over n and context) from the same timings, and multiplies predictions.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from bastion.controllers.latency.cost import ModelCost
 from bastion.controllers.latency.devices import DevicePeaks, device_name, device_peaks
 from bastion.controllers.latency.fit import FitResult, RooflineParams, fit_roofline
 from bastion.controllers.latency.profiles import default_profile_path, load_profile, save_profile
+from bastion.controllers.latency.residual import ResidualTable
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import LatencyModel
 
@@ -52,7 +55,8 @@ class RooflineLatency(LatencyModel):
     ``BASTION_NO_DEVICE_PROBE=1``), ``params`` (start from these parameters), ``profile`` (``"auto"``:
     the user cache's profile file; a path; or ``None`` to ignore saved profiles), ``half_life``
     (observations after which an old timing counts half), ``window`` (timings kept), ``refit_every``,
-    ``min_observations`` (timings before the first fit), ``online`` (False: never refit).
+    ``min_observations`` (timings before the first fit), ``online`` (False: never refit), ``residual``
+    (learn the correction table over (n, context) on top of the roofline; default True).
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class RooflineLatency(LatencyModel):
         refit_every: int = 32,
         min_observations: int = 6,
         online: bool = True,
+        residual: bool = True,
     ) -> None:
         if not (half_life > 0 and math.isfinite(half_life)):
             raise InvalidInputError(f"half_life must be a finite number > 0, got {half_life!r}")
@@ -84,6 +89,7 @@ class RooflineLatency(LatencyModel):
         self.refit_every = refit_every
         self.min_observations = min_observations
         self.online = online
+        self.use_residual = bool(residual)
         self.profile_path: Path | None = default_profile_path() if profile == "auto" else (Path(profile) if profile else None)
         self._given = {"model_config": model_config, "device": device, "dtype": dtype, "cost": cost}
         self._peak_options = {"peak_flops": peak_flops, "bandwidth": bandwidth, "probe": probe}
@@ -139,6 +145,11 @@ class RooflineLatency(LatencyModel):
         self._x_m = np.zeros(self._window)
         self._t = np.zeros(self._window)
         self._seq = np.zeros(self._window)
+        self._n = np.zeros(self._window)  # verified tokens per observation (residual grid)
+        self._c = np.zeros(self._window)  # context length per observation (residual grid)
+        self.residual = ResidualTable()
+        if saved is not None and self.use_residual and saved.get("residual") is not None:
+            self.residual = ResidualTable.from_dict(saved["residual"])
         self._count = 0
 
     def _require_bound(self) -> None:
@@ -159,14 +170,21 @@ class RooflineLatency(LatencyModel):
         g0, g_n, g_m, g_nm = self._coef_m
         return n * (f_n + f_nm * m), g0 + g_n * n + m * (g_m + g_nm * n)
 
+    def roofline_seconds(self, n_tokens: np.ndarray, context_len: int | np.ndarray) -> np.ndarray:
+        """The two-line roofline alone (no residual), seconds [N]."""
+        x_c, x_m = self.ideal_times(n_tokens, context_len)
+        return self.params.predict(x_c, x_m)
+
+    def _corrected(self, n_tokens: np.ndarray, context_len: int | np.ndarray) -> np.ndarray:
+        base = self.roofline_seconds(n_tokens, context_len)
+        return base * self.residual.factor(n_tokens, context_len) if self.use_residual else base
+
     def predict(self, n_tokens: int, context_len: int) -> float:
-        x_c, x_m = self.ideal_times(np.float64(n_tokens), context_len)
-        return float(self.params.predict(x_c, x_m))
+        return float(self._corrected(np.array([n_tokens], dtype=np.float64), context_len)[0])
 
     def predict_many(self, n_tokens: torch.Tensor, context_len: int) -> torch.Tensor:
         """``n_tokens`` LongTensor[N] -> FloatTensor[N] (float64, CPU) seconds."""
-        x_c, x_m = self.ideal_times(n_tokens.detach().cpu().numpy(), context_len)
-        return torch.from_numpy(self.params.predict(x_c, x_m))
+        return torch.from_numpy(self._corrected(n_tokens.detach().cpu().numpy().astype(np.float64), context_len))
 
     # ------------------------------------------------------------------ online calibration
     @property
@@ -180,6 +198,7 @@ class RooflineLatency(LatencyModel):
         i = self._count % self._t.size
         x_c, x_m = self.ideal_times(np.float64(n_tokens), context_len)
         self._x_c[i], self._x_m[i], self._t[i], self._seq[i] = x_c, x_m, seconds, self._count
+        self._n[i], self._c[i] = n_tokens, context_len
         self._count += 1
         if self.online and self._due(self._count):
             self.refit()
@@ -211,6 +230,9 @@ class RooflineLatency(LatencyModel):
         )
         self.params = fit.params
         self.last_fit = fit
+        if self.use_residual:  # what the two lines leave over, on the same recency weights
+            base = self.params.predict(self._x_c[:k], self._x_m[:k])
+            self.residual.fit(self._n[:k], self._c[:k], np.log(self._t[:k] / base), weights)
         return fit
 
     def warmup(
@@ -239,6 +261,7 @@ class RooflineLatency(LatencyModel):
             "params": self.params.as_dict(),
             "peaks": {"flops_per_s": self.peaks.flops_per_s, "bytes_per_s": self.peaks.bytes_per_s, "source": self.peaks.source},
             "fit": None if fit is None else {"median_rel_error": fit.median_rel_error, "n_points": fit.n_points},
+            "residual": self.residual.to_dict() if self.use_residual else None,
         }
         return save_profile(target, self.device_label, self.cost.signature, entry)
 

@@ -1,0 +1,80 @@
+"""The residual table learns what the two-line roofline cannot follow (steps of a real cost curve)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from bastion.controllers import ModelCost, RooflineLatency, RooflineParams
+from bastion.controllers.latency.residual import ResidualTable
+
+COST = ModelCost(num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64, intermediate_size=768, vocab_size=8192)
+PEAK, BW = 5e10, 1e10
+PARAMS = RooflineParams(a_c=1.5, b_c=2e-3, a_m=1.2, b_m=2e-3)
+
+
+def stepped_truth(n: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """A cost curve with steps, written independently of the model: the roofline law times a factor
+    that jumps at n = 24 (a kernel switching tile size) and at n = 96 (a threading threshold)."""
+    x_c = COST.flops(n, c) / PEAK
+    x_m = COST.bytes(n, c) / BW
+    base = np.maximum(PARAMS.a_c * x_c + PARAMS.b_c, PARAMS.a_m * x_m + PARAMS.b_m)
+    return base * np.where(n >= 96, 0.7, np.where(n >= 24, 1.45, 1.0))
+
+
+def make_model(**kwargs) -> RooflineLatency:
+    return RooflineLatency(cost=COST, device="cpu", peak_flops=PEAK, bandwidth=BW, profile=None, **kwargs)
+
+
+def feed(model: RooflineLatency, rng: np.random.Generator, count: int) -> None:
+    n = rng.integers(1, 193, count)
+    c = rng.integers(16, 1025, count)
+    t = stepped_truth(n, c) * (1 + 0.03 * rng.standard_normal(count))
+    slow = rng.random(count) < 0.05
+    t[slow] *= rng.uniform(2.0, 5.0, slow.sum())  # page faults, pauses
+    for a, b, s in zip(n, c, t):
+        model.observe(int(a), int(b), float(s))
+    model.refit()
+
+
+def median_error(model: RooflineLatency) -> float:
+    grid_n = np.arange(1, 193)
+    errs = []
+    for ctx in (16, 128, 1024):
+        pred = model.predict_many(torch.from_numpy(grid_n), ctx).numpy()
+        truth = stepped_truth(grid_n, np.full_like(grid_n, ctx))
+        errs.append(np.abs(pred - truth) / truth)
+    return float(np.median(np.concatenate(errs)))
+
+
+def test_residual_follows_steps_the_roofline_cannot():
+    with_table, plain = make_model(), make_model(residual=False)
+    for model in (with_table, plain):
+        feed(model, np.random.default_rng(0), 600)
+    # two lines cannot follow the steps; the table does, despite noise and slow outliers
+    assert median_error(with_table) < 0.05
+    assert median_error(with_table) < 0.5 * median_error(plain)
+
+
+def test_residual_is_deterministic_given_the_same_observations():
+    a, b = make_model(), make_model()
+    for model in (a, b):
+        feed(model, np.random.default_rng(1), 200)
+    sizes = torch.arange(1, 300)
+    assert torch.equal(a.predict_many(sizes, 300), b.predict_many(sizes, 300))
+
+
+def test_sizes_never_observed_keep_the_roofline_prediction():
+    table = ResidualTable()
+    table.fit(np.array([4, 4, 5, 5]), np.array([100, 120, 100, 130]), np.log(np.array([1.5, 1.5, 1.5, 1.5])))
+    assert table.factor(np.array([4]), 100)[0] > 1.2  # observed cell moved towards 1.5
+    assert table.factor(np.array([512]), 100)[0] == 1.0  # an unseen size keeps the plain roofline
+
+
+def test_residual_survives_a_profile_round_trip(tmp_path):
+    model = make_model()
+    feed(model, np.random.default_rng(2), 300)
+    path = model.save_profile(tmp_path / "profile.json")
+    loaded = RooflineLatency(cost=COST, device="cpu", peak_flops=PEAK, bandwidth=BW, profile=path)
+    sizes = torch.arange(1, 193)
+    assert torch.allclose(loaded.predict_many(sizes, 200), model.predict_many(sizes, 200), rtol=1e-9)
