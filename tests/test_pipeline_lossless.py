@@ -81,9 +81,9 @@ class _CheckedTarget(HFTarget):
         self.checks = 0
         self._tree: Tree | None = None
 
-    def prefill(self, input_ids, feature_layers=()):
+    def prefill(self, input_ids, feature_layers=(), **kwargs):
         self.committed = input_ids[0].tolist()
-        return super().prefill(input_ids, feature_layers)
+        return super().prefill(input_ids, feature_layers, **kwargs)
 
     def forward_tree(self, tree, feature_layers=()):
         self._tree = tree

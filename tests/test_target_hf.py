@@ -52,7 +52,7 @@ def _assert_cache_equals_prefill(target: HFTarget, model, ids: list[int]) -> Non
 def test_prefill_logits_and_features_match_hf_hidden_states(model):
     target = HFTarget(model)
     ids = torch.randint(3, 256, (1, 9))
-    out = target.prefill(ids, feature_layers=(1, 0))
+    out = target.prefill(ids, feature_layers=(1, 0), all_logits=True)
     with torch.no_grad():
         ref = model(ids, output_hidden_states=True)
     torch.testing.assert_close(out.logits, ref.logits[0], atol=ATOL, rtol=1e-4)
@@ -140,7 +140,7 @@ def test_tied_embeddings_share_weights_and_decode_like_hf():
     target = HFTarget(model)
     assert target.output_head().weight.data_ptr() == target.input_embeddings().weight.data_ptr()
     ids = torch.randint(3, 256, (1, 7))
-    out = target.prefill(ids)
+    out = target.prefill(ids, all_logits=True)
     torch.testing.assert_close(out.logits, _plain_logits(model, ids[0].tolist()), atol=ATOL, rtol=1e-4)
     assert target.vocab_size == 256
 
@@ -193,3 +193,14 @@ def test_bad_calls_raise_clear_errors(model):
         target.commit(torch.tensor([1, 2]))
     with pytest.raises(InvalidInputError, match="1-D tensor"):
         target.commit(torch.tensor([0, 1, 2, 3]))
+
+
+def test_prefill_computes_logits_for_the_last_position_only_unless_asked():
+    model = tiny_model("qwen3", seed=5)
+    target = HFTarget(model)
+    ids = torch.randint(3, 256, (1, 9))
+    last = target.prefill(ids, feature_layers=(0,))
+    full = target.prefill(ids, feature_layers=(0,), all_logits=True)
+    assert last.logits.shape == (1, target.vocab_size) and full.logits.shape == (9, target.vocab_size)
+    torch.testing.assert_close(last.logits[0], full.logits[-1], atol=ATOL, rtol=1e-4)
+    assert last.features.shape[0] == 9  # features stay per position: the drafter reads them all

@@ -172,7 +172,9 @@ class HFTarget(Target):
         self._pending = 0
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> TargetOutput:
+    def prefill(
+        self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = (), *, all_logits: bool = False
+    ) -> TargetOutput:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise InvalidInputError(
                 f"input_ids must be a LongTensor [1, L], got {getattr(input_ids, 'shape', type(input_ids).__name__)}"
@@ -187,7 +189,9 @@ class HFTarget(Target):
         self.reset()
         cache = DynamicCache(config=self.model.config)
         ids = input_ids.to(self.device, torch.long)
-        logits, features = self._forward(ids, None, None, cache, feature_layers)
+        # decoding needs only the last position's logits: [L, V] for a long prompt on a large vocabulary
+        # would be gigabytes (9.7 GB at 32k tokens on 152k), so the head runs on the last position only
+        logits, features = self._forward(ids, None, None, cache, feature_layers, logits_to_keep=0 if all_logits else 1)
         self._cache = cache
         self._ctx = length
         return TargetOutput(logits=logits, features=features)
@@ -262,6 +266,7 @@ class HFTarget(Target):
         positions: torch.Tensor | None,  # [1, n]
         cache: Any,
         feature_layers: tuple[int, ...],
+        logits_to_keep: int = 0,  # 0: every position; k: the last k positions
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         layers = tuple(int(i) for i in feature_layers)
         n_layers = len(self._layers)
@@ -279,6 +284,7 @@ class HFTarget(Target):
                 position_ids=positions,
                 cache=cache,
                 use_cache=True,
+                logits_to_keep=logits_to_keep,
                 output_hidden_states=want_all,
             )
         finally:

@@ -55,8 +55,11 @@ class Target(abc.ABC):
         """Drop the KV cache."""
 
     @abc.abstractmethod
-    def prefill(self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> TargetOutput:
-        """Run ``input_ids`` [1, L] into a fresh cache. Returns logits [L, V] and features [L, F]."""
+    def prefill(
+        self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = (), *, all_logits: bool = False
+    ) -> TargetOutput:
+        """Run ``input_ids`` [1, L] into a fresh cache. Returns the last position's logits [1, V] (every
+        position's [L, V] with ``all_logits=True``) and features [L, F] for every position."""
 
     @abc.abstractmethod
     def forward_tree(self, tree: Tree, feature_layers: tuple[int, ...] = ()) -> TargetOutput:
