@@ -22,6 +22,7 @@ from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import BudgetController, LatencyModel
 from bastion.core.pipeline import Pipeline
 from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
+from bastion.core.sync import device_sync
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import GenerationResult, SamplingConfig, StageTimings, StepRecord
@@ -230,8 +231,7 @@ class ARDecoder:
         )
 
     def _sync(self) -> None:
-        if self.target.device.type == "cuda":
-            torch.cuda.synchronize(self.target.device)
+        device_sync(self.target.device)
 
 
 def _ar_step(ctx: int, forward_s: float, other_s: float) -> StepRecord:

@@ -20,6 +20,7 @@ from bastion.bench.datasets import Prompt, load_dataset
 from bastion.bench.methods import AR, ADAPTIVE, Decoder, MethodSpec, build_decoder, default_methods, parse_method
 from bastion.bench.metrics import DatasetSummary, MethodStats, PromptRun, aggregate, latency_points, summarize
 from bastion.bench.templates import TemplateStyle, encode_prompt
+from bastion.core.checks import optional_positive_int, positive_int
 from bastion.core.errors import InvalidInputError
 from bastion.core.target import Target
 from bastion.core.types import GenerationResult
@@ -29,25 +30,20 @@ __all__ = ["BenchConfig", "BenchRun", "LatencyFit", "QUICK", "load_prompts", "ru
 DEFAULT_DATASETS: tuple[str, ...] = ("gsm8k", "humaneval", "mt_bench")
 
 
-def _positive(_inst: object, attribute: attrs.Attribute, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise InvalidInputError(f"{attribute.name} must be >= 1, got {value!r}")
-
-
 @frozen
 class BenchConfig:
     """What one ``bastion bench`` run measures."""
 
     datasets: tuple[str, ...] = field(default=DEFAULT_DATASETS, converter=tuple)
     methods: tuple[str, ...] = field(default=default_methods(), converter=tuple)
-    limit: int | None = field(default=10, validator=_positive)  # prompts per dataset
-    max_new_tokens: int = field(default=128, validator=_positive)
-    max_nodes: int = field(default=64, validator=_positive)  # the adaptive controller's N_max
+    limit: int | None = field(default=10, validator=optional_positive_int)  # prompts per dataset
+    max_new_tokens: int = field(default=128, validator=positive_int)
+    max_nodes: int = field(default=64, validator=positive_int)  # the adaptive controller's N_max
     temperature: float = field(default=0.0, converter=float)
     seed: int = 0
     template: str = "auto"
     warmup_tokens: int = field(default=16, validator=attrs.validators.ge(0))  # per method, first prompt, unrecorded
-    repeats: int = field(default=3, validator=_positive)  # runs per (prompt, method); the fastest is kept
+    repeats: int = field(default=3, validator=positive_int)  # runs per (prompt, method); the fastest is kept
     data_dir: str | None = None
     tree_options: Mapping[str, Mapping[str, Any]] = field(factory=dict)
 

@@ -16,13 +16,12 @@ is plain DFlash).
 
 from __future__ import annotations
 
-import math
 from typing import Iterable, Literal
 
 import numpy as np
 import torch
 
-from bastion.core.checks import predict_checked
+from bastion.core.checks import check_int, check_number, predict_checked
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import BudgetController, BudgetDecision, LatencyModel
 
@@ -33,12 +32,6 @@ Rule = Literal["scan", "first-decrease"]
 
 #: the decision type of the built-in controllers (the interface's typed decision)
 BastionDecision = BudgetDecision
-
-
-def _check_int(name: str, value: object, low: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise InvalidInputError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
 
 
 def _scores_to_numpy(log_scores: torch.Tensor) -> np.ndarray:
@@ -54,9 +47,7 @@ def _scores_to_numpy(log_scores: torch.Tensor) -> np.ndarray:
 
 
 def _check_overhead(overhead_s: float) -> float:
-    if not (isinstance(overhead_s, (int, float)) and math.isfinite(overhead_s) and overhead_s >= 0):
-        raise InvalidInputError(f"overhead_s must be a finite number >= 0, got {overhead_s!r}")
-    return float(overhead_s)
+    return check_number("overhead_s", overhead_s)
 
 
 class BastionController(BudgetController):
@@ -81,12 +72,12 @@ class BastionController(BudgetController):
         if rule not in ("scan", "first-decrease"):
             raise InvalidInputError(f"rule must be 'scan' or 'first-decrease', got {rule!r}")
         self.rule: Rule = rule
-        self.min_budget = _check_int("min_budget", min_budget)
-        self.max_budget = None if max_budget is None else _check_int("max_budget", max_budget)
+        self.min_budget = check_int("min_budget", min_budget)
+        self.max_budget = None if max_budget is None else check_int("max_budget", max_budget)
         if self.max_budget is not None and self.max_budget < self.min_budget:
             raise InvalidInputError(f"max_budget ({max_budget}) is below min_budget ({min_budget})")
         if buckets is not None:
-            sizes = sorted({_check_int("bucket size", b) for b in buckets})
+            sizes = sorted({check_int("bucket size", b) for b in buckets})
             if not sizes:
                 raise InvalidInputError("buckets must hold at least one size (or be None)")
             self.buckets: tuple[int, ...] | None = tuple(sizes)
@@ -150,7 +141,7 @@ class FixedController(BudgetController):
     """
 
     def __init__(self, *, budget: int = 16, estimate: bool = True) -> None:
-        self.budget = _check_int("budget", budget)
+        self.budget = check_int("budget", budget)
         self.estimate = bool(estimate)
 
     def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:

@@ -1,13 +1,17 @@
 """Checks on what components hand back and on user-facing values, in one place.
 
 Each check raises one of the project's errors (:mod:`bastion.core.errors`) whose message names the
-component at fault. The per-step checks are cheap: a few host comparisons on values the pipeline holds
+component or the value at fault. Input values: ``check_int`` and ``check_number`` return the checked
+value; the ``attrs`` validators ``positive_int``, ``optional_positive_int``, ``positive_number`` and
+``finite_non_negative`` take ``(instance, attribute, value)`` and name the field. The per-step checks are cheap: a few host comparisons on values the pipeline holds
 on the host already, plus one transfer of ``2 m`` integers for an ``m``-node accepted path.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
+import operator
 from typing import Any
 
 import torch
@@ -17,6 +21,12 @@ from bastion.core.tree import Tree
 from bastion.core.types import Marginals, Verdict
 
 __all__ = [
+    "check_int",
+    "check_number",
+    "positive_int",
+    "optional_positive_int",
+    "positive_number",
+    "finite_non_negative",
     "SEED_LIMIT",
     "check_seed",
     "check_device",
@@ -168,3 +178,56 @@ def check_tokenizer(tokenizer: Any, vocab_size: int, source: str) -> None:
         raise IncompatibleComponentsError(
             f"the tokenizer of {source} produces ids up to {max(ids)}, outside the target's vocabulary [0, {vocab_size})"
         )
+
+
+# ---------------------------------------------------------------------------------------------- input values
+def check_int(name: str, value: object, *, low: int | None = 1, optional: bool = False) -> Any:
+    """``value`` as an int >= ``low`` (no bound when ``low`` is None). Integer-like values (numpy
+    ints) are accepted, bools and floats are not. With ``optional`` None passes through."""
+    if value is None and optional:
+        return None
+    bound = "" if low is None else f" >= {low}"
+    none = " or None" if optional else ""
+    if isinstance(value, bool):
+        raise InvalidInputError(f"{name} must be an int{bound}{none}, got a bool ({value!r})")
+    try:
+        out = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidInputError(f"{name} must be an int{bound}{none}, got {value!r} ({type(value).__name__})") from None
+    if low is not None and out < low:
+        raise InvalidInputError(f"{name} must be an int{bound}{none}, got {out}")
+    return out
+
+
+def check_number(name: str, value: object, *, low: float = 0.0, strict: bool = False) -> float:
+    """``value`` as a finite float >= ``low`` (> ``low`` when ``strict``); bools are refused."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    if ok:
+        out = float(value)  # type: ignore[arg-type]
+        if out > low or (out == low and not strict):
+            return out
+    raise InvalidInputError(f"{name} must be a finite number {'>' if strict else '>='} {low:g}, got {value!r}")
+
+
+def _field(attribute: Any) -> str:
+    return str(getattr(attribute, "name", "value"))
+
+
+def positive_int(_inst: object, attribute: Any, value: object) -> None:
+    """attrs validator: an int >= 1."""
+    check_int(_field(attribute), value)
+
+
+def optional_positive_int(_inst: object, attribute: Any, value: object) -> None:
+    """attrs validator: None or an int >= 1."""
+    check_int(_field(attribute), value, optional=True)
+
+
+def positive_number(_inst: object, attribute: Any, value: object) -> None:
+    """attrs validator: a finite number > 0."""
+    check_number(_field(attribute), value, strict=True)
+
+
+def finite_non_negative(_inst: object, attribute: Any, value: object) -> None:
+    """attrs validator: a finite number >= 0."""
+    check_number(_field(attribute), value)

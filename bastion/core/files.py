@@ -22,7 +22,9 @@ __all__ = [
     "confined_path",
     "safetensors_files",
     "check_weights_folder",
+    "atomic_path",
     "atomic_write",
+    "write_json_atomic",
     "file_lock",
 ]
 
@@ -170,22 +172,36 @@ def check_weights_folder(directory: str | Path) -> None:
         read_safetensors_header(path)
 
 
-def atomic_write(path: str | Path, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` through a uniquely named temporary file in the same folder, then
-    rename it over ``path``: readers see the old file or the new one, never a torn one."""
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a uniquely named temporary path in ``path``'s folder; when the block ends without an
+    exception it is renamed over ``path`` (readers see the old file or the new one, never a torn one),
+    else it is removed. For writers that need a path (``torch.save``, a row writer)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write(path: str | Path, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_path`), synced to disk first."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_json_atomic(path: str | Path, data: Any, *, indent: int | None = 1, sort_keys: bool = True) -> Path:
+    """Write ``data`` as JSON (with a final newline) to ``path`` atomically; returns the path."""
+    atomic_write(path, json.dumps(data, indent=indent, sort_keys=sort_keys) + "\n")
+    return Path(path)
 
 
 _THREAD_LOCKS: dict[str, threading.Lock] = {}

@@ -26,6 +26,7 @@ from bastion.core.interfaces import (
 )
 from bastion.core.registry import Registry, registry as default_registry
 from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
+from bastion.core.sync import device_sync
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import (
@@ -387,8 +388,7 @@ class Pipeline:
         return gen
 
     def _sync(self) -> None:
-        if self.target.device.type == "cuda":
-            torch.cuda.synchronize(self.target.device)
+        device_sync(self.target.device)
 
     def encode(self, text: str) -> torch.Tensor:
         """Tokenize ``text`` with the pipeline's tokenizer -> LongTensor[1, L]."""

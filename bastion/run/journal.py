@@ -20,6 +20,7 @@ from typing import IO, Any, Iterable
 from attrs import frozen
 
 from bastion.core.errors import InvalidInputError
+from bastion.core.files import atomic_path
 from bastion.core.types import GenerationResult
 from bastion.run.inputs import InputRow, RowError, id_key
 
@@ -156,9 +157,5 @@ def write_rows_atomic(target: str | Path | None, rows: Iterable[ResultRow]) -> N
     if target is None:
         RowWriter(sys.stdout, fsync=False).write(rows)
         return
-    path = Path(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with RowWriter(tmp) as writer:
+    with atomic_path(target) as tmp, RowWriter(tmp) as writer:
         writer.write(rows)
-    os.replace(tmp, path)

@@ -20,6 +20,7 @@ import attrs
 import torch
 from attrs import field, frozen, validators
 
+from bastion.core.checks import positive_int
 from bastion.core.errors import BastionError, InvalidInputError, InvalidRowsError
 from bastion.distributed import DistContext, barrier, broadcast_object, gather_objects, shard
 from bastion.run.encode import EncodedRow, encode_rows
@@ -34,19 +35,14 @@ STDIO = "-"
 OnError = Literal["stop", "skip"]
 
 
-def _positive(_inst: object, attribute: Any, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"{attribute.name} must be a positive integer, got {value!r}")
-
-
 @frozen
 class RunConfig:
     """What one ``bastion run`` decodes and where the rows go."""
 
     input: str
     output: str
-    batch_size: int = field(default=8, validator=_positive)
-    max_new_tokens: int = field(default=128, validator=_positive)  # rows without their own max_new_tokens
+    batch_size: int = field(default=8, validator=positive_int)
+    max_new_tokens: int = field(default=128, validator=positive_int)  # rows without their own max_new_tokens
     temperature: float = field(default=0.0, converter=float, validator=validators.ge(0.0))
     seed: int = 0
     top_p: float = 1.0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import random
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import torch
 
 from bastion.core.errors import InvalidFileError
+from bastion.core.files import atomic_path
 
 __all__ = ["seed_everything", "lr_at", "save_checkpoint", "load_checkpoint", "resume", "set_threads"]
 
@@ -35,10 +35,8 @@ def lr_at(step: int, *, peak: float, warmup: int, total: int, floor: float = 0.1
 
 def save_checkpoint(path: Path, **state: Any) -> None:
     """Atomically write a training checkpoint (``torch.save`` of ``state``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:

@@ -16,11 +16,11 @@ Zero-probability candidates (log-probability ``-inf``, e.g. banned tokens) never
 from __future__ import annotations
 
 import math
-import operator
 from typing import Sequence
 
 import torch
 
+from bastion.core.checks import check_int
 from bastion.core.errors import InvalidInputError
 from bastion.core.tree import Tree
 from bastion.core.types import Marginals
@@ -52,33 +52,17 @@ class Candidates:
         return len(self.values[0]) if self.values else 0
 
 
-def _as_int(name: str, value: object) -> int:
-    if isinstance(value, bool):
-        raise InvalidInputError(f"{name} must be an int, got a bool")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidInputError(f"{name} must be an int, got {type(value).__name__}") from None
-
-
 def check_optional_positive(name: str, value: object) -> int | None:
     """Validate a builder option that is either ``None`` (no limit) or an int >= 1."""
-    if value is None:
-        return None
-    out = _as_int(name, value)
-    if out < 1:
-        raise InvalidInputError(f"{name} must be an int >= 1 or None, got {out}")
-    return out
+    return check_int(name, value, optional=True)
 
 
 def check_build_args(marginals: object, root_token: object, max_nodes: object) -> tuple[int, int]:
     """Validate the arguments of ``TreeBuilder.build``; return ``(root_token, max_nodes)`` as ints."""
     if not isinstance(marginals, Marginals):
         raise InvalidInputError(f"marginals must be a bastion.core.Marginals, got {type(marginals).__name__}")
-    n = _as_int("max_nodes", max_nodes)
-    if n < 1:
-        raise InvalidInputError(f"max_nodes must be an int >= 1 (the root counts as one node), got {n}")
-    root = _as_int("root_token", root_token)
+    n = check_int("max_nodes (the root counts as one node)", max_nodes)
+    root = check_int("root_token", root_token, low=None)
     if not 0 <= root < marginals.vocab_size:
         raise InvalidInputError(f"root_token {root} is outside the vocabulary [0, {marginals.vocab_size})")
     return root, n

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterable, Sequence
 
+from bastion.core.checks import check_int
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import TreeBuilder
 from bastion.core.tree import Tree
@@ -48,7 +49,7 @@ DEFAULT_CHOICES: tuple[tuple[int, ...], ...] = default_choices()
 
 def choices_from_branching(branching: Sequence[int]) -> tuple[tuple[int, ...], ...]:
     """Expand per-depth branching factors into the full list of rank paths."""
-    widths = [_positive_int(f"branching[{i}]", b) for i, b in enumerate(branching)]
+    widths = [check_int(f"branching[{i}]", b) for i, b in enumerate(branching)]
     if not widths:
         raise InvalidInputError("branching must list at least one depth")
     total, level = 0, 1
@@ -61,12 +62,6 @@ def choices_from_branching(branching: Sequence[int]) -> tuple[tuple[int, ...], .
     for d in range(1, len(widths) + 1):
         out.extend(itertools.product(*(range(w) for w in widths[:d])))
     return tuple(out)
-
-
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"{name} must be an int >= 1, got {value!r}")
-    return value
 
 
 def _normalize_choices(choices: Iterable[Sequence[int]]) -> tuple[tuple[int, ...], ...]:

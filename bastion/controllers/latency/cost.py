@@ -12,87 +12,47 @@ so a whole vector of candidate sizes is evaluated with a handful of array operat
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-import attrs
 import numpy as np
 import torch
 from attrs import field, frozen
 
-from bastion.core.errors import InvalidInputError
+from bastion.core.checks import positive_int
+from bastion.core.dtypes import dtype_bytes
+from bastion.core.hf_config import DecoderShape
 
 __all__ = ["ModelCost", "dtype_bytes"]
-
-_DTYPE_BYTES = {
-    torch.float32: 4,
-    torch.float16: 2,
-    torch.bfloat16: 2,
-    torch.float64: 8,
-    torch.float8_e4m3fn: 1,
-    torch.float8_e5m2: 1,
-}
-
-
-def dtype_bytes(dtype: Any) -> int:
-    """Bytes per element of a torch dtype or its name (``"bfloat16"``, ``"torch.float16"``...)."""
-    if isinstance(dtype, str):
-        name = dtype.removeprefix("torch.")
-        dtype = getattr(torch, name, None)
-        if not isinstance(dtype, torch.dtype):
-            raise InvalidInputError(f"unknown dtype name {name!r}")
-    if not isinstance(dtype, torch.dtype):
-        raise InvalidInputError(f"expected a torch dtype or its name, got {dtype!r}")
-    if dtype not in _DTYPE_BYTES:
-        raise InvalidInputError(f"no byte size known for dtype {dtype}")
-    return _DTYPE_BYTES[dtype]
-
-
-def _positive_int(_inst: object, attribute: attrs.Attribute, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidInputError(f"{attribute.name} must be an int >= 1, got {value!r}")
-
 
 @frozen
 class ModelCost:
     """Shape of a dense decoder-only model and the operation counts derived from it."""
 
-    num_layers: int = field(validator=_positive_int)
-    hidden_size: int = field(validator=_positive_int)
-    num_heads: int = field(validator=_positive_int)
-    num_kv_heads: int = field(validator=_positive_int)
-    head_dim: int = field(validator=_positive_int)
-    intermediate_size: int = field(validator=_positive_int)
-    vocab_size: int = field(validator=_positive_int)
-    bytes_per_param: int = field(default=2, validator=_positive_int)
+    num_layers: int = field(validator=positive_int)
+    hidden_size: int = field(validator=positive_int)
+    num_heads: int = field(validator=positive_int)
+    num_kv_heads: int = field(validator=positive_int)
+    head_dim: int = field(validator=positive_int)
+    intermediate_size: int = field(validator=positive_int)
+    vocab_size: int = field(validator=positive_int)
+    bytes_per_param: int = field(default=2, validator=positive_int)
     model_type: str = "decoder"
 
     @classmethod
     def from_config(cls, config: Any, dtype: Any = None) -> "ModelCost":
         """Read the shape from a Hugging Face config (object or dict). ``dtype`` overrides the config's
         ``dtype`` / ``torch_dtype``; float32 when neither says."""
-        get = (lambda k: config.get(k)) if isinstance(config, Mapping) else (lambda k: getattr(config, k, None))
-        required = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
-        missing = [k for k in required if get(k) is None]
-        if missing:
-            raise InvalidInputError(
-                f"model config lacks {', '.join(missing)}; the roofline cost model needs a dense decoder config "
-                "(Llama / Qwen3 style)"
-            )
-        heads = int(get("num_attention_heads"))
-        hidden = int(get("hidden_size"))
-        head_dim = get("head_dim") or hidden // heads
-        if dtype is None:
-            dtype = get("dtype") or (config.get("torch_dtype") if isinstance(config, Mapping) else None) or torch.float32
+        shape = DecoderShape.from_config(config, purpose="the roofline cost model")
         return cls(
-            num_layers=int(get("num_hidden_layers")),
-            hidden_size=hidden,
-            num_heads=heads,
-            num_kv_heads=int(get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
-            intermediate_size=int(get("intermediate_size")),
-            vocab_size=int(get("vocab_size")),
-            bytes_per_param=dtype_bytes(dtype),
-            model_type=str(get("model_type") or "decoder"),
+            num_layers=shape.num_layers,
+            hidden_size=shape.hidden_size,
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            intermediate_size=shape.intermediate_size,
+            vocab_size=shape.vocab_size,
+            bytes_per_param=dtype_bytes(dtype if dtype is not None else shape.dtype or torch.float32),
+            model_type=shape.model_type,
         )
 
     # ------------------------------------------------------------------ parameter counts

@@ -18,9 +18,12 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from bastion.controllers.latency.cost import dtype_bytes
-from bastion.core.folders import cache_dir
+from bastion.core.checks import positive_number
+from bastion.core.dtypes import dtype_bytes, dtype_name, parse_dtype
 from bastion.core.errors import InvalidInputError
+from bastion.core.files import write_json_atomic
+from bastion.core.folders import cache_dir
+from bastion.core.sync import device_sync
 
 __all__ = ["DevicePeaks", "GPU_TABLE", "NO_PROBE_ENV", "device_name", "device_peaks", "lookup_gpu", "probe_device"]
 
@@ -28,17 +31,12 @@ NO_PROBE_ENV = "BASTION_NO_DEVICE_PROBE"
 _CACHE_FILE = "device_peaks.json"
 
 
-def _positive(_inst: object, attribute: Any, value: float) -> None:
-    if not (isinstance(value, (int, float)) and value > 0):
-        raise InvalidInputError(f"{attribute.name} must be a number > 0, got {value!r}")
-
-
 @frozen
 class DevicePeaks:
     """Peak FLOP/s and bytes/s of a device for one dtype, and where the numbers came from."""
 
-    flops_per_s: float = field(converter=float, validator=_positive)
-    bytes_per_s: float = field(converter=float, validator=_positive)
+    flops_per_s: float = field(converter=float, validator=positive_number)
+    bytes_per_s: float = field(converter=float, validator=positive_number)
     name: str = "unknown"
     source: str = "given"  # "table", "probe", "cache" (an earlier probe), "default" or "given"
 
@@ -121,7 +119,7 @@ def device_peaks(device: str | torch.device = "cpu", dtype: Any = torch.float32,
     if not probe:
         flops, bw = _DEFAULTS["cpu" if dev.type == "cpu" else "accelerator"]
         return DevicePeaks(flops, bw, name=name, source="default")
-    key = f"{name}|{_dtype_name(dtype)}"
+    key = f"{name}|{dtype_name(dtype)}"
     cached = _read_cache().get(key)
     if cached is not None:
         try:
@@ -136,7 +134,7 @@ def device_peaks(device: str | torch.device = "cpu", dtype: Any = torch.float32,
 def probe_device(device: str | torch.device, dtype: Any = torch.float32, *, budget_s: float = 0.5) -> DevicePeaks:
     """Measure achievable FLOP/s (square matmul) and bytes/s (large copy); best of a few repeats."""
     dev = torch.device(device)
-    dt = getattr(torch, _dtype_name(dtype))
+    dt = parse_dtype(dtype)
     size = 512 if dev.type == "cpu" else 4096
     a = torch.randn(size, size, device=dev, dtype=torch.float32).to(dt)
     b = torch.randn(size, size, device=dev, dtype=torch.float32).to(dt)
@@ -155,21 +153,11 @@ def probe_device(device: str | torch.device, dtype: Any = torch.float32, *, budg
 
 
 def _time(fn: Any, dev: torch.device) -> float:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    device_sync(dev)
     t0 = time.perf_counter()
     fn()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    device_sync(dev)
     return max(time.perf_counter() - t0, 1e-9)
-
-
-def _dtype_name(dtype: Any) -> str:
-    if isinstance(dtype, str):
-        dtype_bytes(dtype)  # validates the name
-        return dtype.removeprefix("torch.")
-    dtype_bytes(dtype)
-    return str(dtype).removeprefix("torch.")
 
 
 def _cache_path() -> Path:
@@ -189,9 +177,6 @@ def _write_cache(key: str, entry: dict[str, Any]) -> None:
     data = _read_cache()
     data[key] = entry
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        write_json_atomic(path, data)
     except OSError:
         pass  # a read-only home only costs a re-measurement next time

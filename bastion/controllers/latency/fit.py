@@ -28,6 +28,7 @@ import math
 import numpy as np
 from attrs import field, frozen
 
+from bastion.core.checks import finite_non_negative
 from bastion.core.errors import InvalidInputError
 
 __all__ = ["RooflineParams", "FitResult", "fit_roofline"]
@@ -38,19 +39,14 @@ _MIN_EFFECTIVE = 3.0  # effective points a branch needs for slope + intercept
 _MIN_SPREAD = 0.05  # relative spread of x a branch needs for a slope
 
 
-def _finite_non_negative(_inst: object, attribute: object, value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise InvalidInputError(f"{getattr(attribute, 'name', 'value')} must be finite and >= 0, got {value!r}")
-
-
 @frozen
 class RooflineParams:
     """Efficiency multipliers (``a_*``) and fixed costs in seconds (``b_*``) of both branches."""
 
-    a_c: float = field(converter=float, validator=_finite_non_negative)
-    b_c: float = field(converter=float, validator=_finite_non_negative)
-    a_m: float = field(converter=float, validator=_finite_non_negative)
-    b_m: float = field(converter=float, validator=_finite_non_negative)
+    a_c: float = field(converter=float, validator=finite_non_negative)
+    b_c: float = field(converter=float, validator=finite_non_negative)
+    a_m: float = field(converter=float, validator=finite_non_negative)
+    b_m: float = field(converter=float, validator=finite_non_negative)
 
     def predict(self, x_c: np.ndarray, x_m: np.ndarray) -> np.ndarray:
         """Seconds for ideal compute times ``x_c`` and memory times ``x_m`` (arrays [N])."""

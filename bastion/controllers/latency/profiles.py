@@ -8,13 +8,13 @@ the same peaks).
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from bastion.core.folders import cache_dir
 from bastion.core.errors import InvalidInputError
+from bastion.core.files import write_json_atomic
+from bastion.core.folders import cache_dir
 
 __all__ = ["PROFILE_FILE", "default_profile_path", "profile_key", "read_profiles", "load_profile", "save_profile"]
 
@@ -55,8 +55,4 @@ def save_profile(path: str | Path, device: str, model: str, entry: dict[str, Any
     path = Path(path)
     profiles = read_profiles(path)
     profiles[profile_key(device, model)] = {**entry, "device": device, "model": model, "saved": time.time()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": _VERSION, "profiles": profiles}, indent=1, sort_keys=True))
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(path, {"version": _VERSION, "profiles": profiles})

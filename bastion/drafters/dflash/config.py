@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import attrs
+
 import torch.nn.functional as F
 from attrs import field, frozen
 
+from bastion.core.checks import positive_int
 from bastion.core.errors import InvalidFileError, InvalidInputError
 from bastion.core.files import read_json_object
+from bastion.core.hf_config import DecoderShape, config_dict, config_value
 
 __all__ = ["DFlashConfig", "default_target_layer_ids", "CONFIG_NAME", "WEIGHTS_NAME", "WEIGHTS_INDEX_NAME"]
 
@@ -65,11 +67,6 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> t
     return tuple(int(round(lo + i * (hi - lo) / (num_draft_layers - 1))) for i in range(num_draft_layers))
 
 
-def _positive(_inst: object, attribute: attrs.Attribute, value: int) -> None:
-    if not (isinstance(value, int) and value >= 1):
-        raise InvalidInputError(f"DFlashConfig.{attribute.name} must be an int >= 1, got {value!r}")
-
-
 def _to_int_tuple(value: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
@@ -78,15 +75,15 @@ def _to_int_tuple(value: Sequence[int]) -> tuple[int, ...]:
 class DFlashConfig:
     """Architecture of a DFlash drafter (the fields of a DFlash ``config.json``)."""
 
-    hidden_size: int = field(validator=_positive)
-    intermediate_size: int = field(validator=_positive)
-    num_hidden_layers: int = field(validator=_positive)
-    num_attention_heads: int = field(validator=_positive)
-    num_key_value_heads: int = field(validator=_positive)
-    head_dim: int = field(validator=_positive)
-    vocab_size: int = field(validator=_positive)
-    block_size: int = field(validator=_positive)
-    num_target_layers: int = field(validator=_positive)
+    hidden_size: int = field(validator=positive_int)
+    intermediate_size: int = field(validator=positive_int)
+    num_hidden_layers: int = field(validator=positive_int)
+    num_attention_heads: int = field(validator=positive_int)
+    num_key_value_heads: int = field(validator=positive_int)
+    head_dim: int = field(validator=positive_int)
+    vocab_size: int = field(validator=positive_int)
+    block_size: int = field(validator=positive_int)
+    num_target_layers: int = field(validator=positive_int)
     target_layer_ids: tuple[int, ...] = field(converter=_to_int_tuple)
     mask_token_id: int = field(converter=int)
     rms_norm_eps: float = field(default=1e-6, converter=float)
@@ -96,7 +93,7 @@ class DFlashConfig:
     )
     hidden_act: str = "silu"
     attention_bias: bool = False
-    max_position_embeddings: int = field(default=40960, validator=_positive)
+    max_position_embeddings: int = field(default=40960, validator=positive_int)
     #: other config.json keys (dtype, token ids, auto_map...), written back unchanged on save
     extra: Mapping[str, Any] = field(factory=dict, converter=dict, eq=False, repr=False)
 
@@ -148,28 +145,27 @@ class DFlashConfig:
         """A drafter config matching ``target_config`` (HF config object or dict): same hidden size,
         heads, head_dim, vocabulary, norm eps and rope; ``num_layers`` draft layers. ``mask_token_id``
         defaults to the last vocabulary id; ``target_layer_ids`` to :func:`default_target_layer_ids`."""
-        get = (lambda k, d=None: target_config.get(k, d)) if isinstance(target_config, Mapping) else (
-            lambda k, d=None: getattr(target_config, k, d)
-        )
-        hidden = int(get("hidden_size"))
-        heads = int(get("num_attention_heads"))
-        n_target = int(get("num_hidden_layers"))
-        vocab = int(get("vocab_size"))
+        shape = DecoderShape.from_config(target_config, purpose="a DFlash drafter config")
+        hidden, heads, n_target, vocab = shape.hidden_size, shape.num_heads, shape.num_layers, shape.vocab_size
+
+        def get(key: str, default: Any = None) -> Any:
+            return config_value(target_config, key, default)
+
         layer_ids = tuple(target_layer_ids) if target_layer_ids is not None else default_target_layer_ids(n_target, num_layers)
         return cls(
             hidden_size=hidden,
-            intermediate_size=int(intermediate_size or get("intermediate_size")),
+            intermediate_size=int(intermediate_size or shape.intermediate_size),
             num_hidden_layers=num_layers,
             num_attention_heads=heads,
-            num_key_value_heads=int(get("num_key_value_heads") or heads),
-            head_dim=int(get("head_dim") or hidden // heads),
+            num_key_value_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
             vocab_size=vocab,
             block_size=block_size,
             num_target_layers=n_target,
             target_layer_ids=layer_ids,
             mask_token_id=vocab - 1 if mask_token_id is None else mask_token_id,
             rms_norm_eps=float(get("rms_norm_eps", 1e-6) or 1e-6),
-            rope_parameters=_rope_from_dict(_config_as_dict(target_config)),
+            rope_parameters=_rope_from_dict(config_dict(target_config)),
             hidden_act=str(get("hidden_act", "silu") or "silu"),
             max_position_embeddings=int(get("max_position_embeddings", 40960) or 40960),
         )
@@ -309,14 +305,6 @@ def _float_field(data: Mapping[str, Any], key: str, default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidInputError(f"{key} must be a number, got {value!r} ({type(value).__name__})")
     return float(value)
-
-
-def _config_as_dict(config: Any) -> dict[str, Any]:
-    if isinstance(config, Mapping):
-        return dict(config)
-    if hasattr(config, "to_dict"):
-        return dict(config.to_dict())
-    return dict(vars(config))
 
 
 def _rope_from_dict(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,69 @@
+"""Floating-point dtype names: one parser for options, configs and the command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from bastion.core.errors import InvalidInputError
+
+__all__ = ["CLI_DTYPES", "DTYPE_BYTES", "dtype_bytes", "dtype_name", "parse_dtype"]
+
+#: dtypes offered on the command line
+CLI_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+_NAMES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float64": torch.float64,
+    "double": torch.float64,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+
+#: bytes per element of the dtypes bastion models
+DTYPE_BYTES: dict[torch.dtype, int] = {
+    torch.float32: 4,
+    torch.float16: 2,
+    torch.bfloat16: 2,
+    torch.float64: 8,
+    torch.float8_e4m3fn: 1,
+    torch.float8_e5m2: 1,
+}
+
+
+def parse_dtype(value: Any, *, allow_auto: bool = False) -> torch.dtype | None:
+    """A ``torch.dtype`` from a dtype or its name (``"bfloat16"``, ``"bf16"``, ``"torch.float16"``...).
+    With ``allow_auto``, ``None`` and ``"auto"`` mean "keep the checkpoint's own" and give None."""
+    if isinstance(value, torch.dtype):
+        return value
+    if allow_auto and (value is None or value == "auto"):
+        return None
+    if isinstance(value, str):
+        dtype = _NAMES.get(value.strip().lower().removeprefix("torch."))
+        if dtype is not None:
+            return dtype
+    known = ", ".join(sorted(_NAMES) + (["auto"] if allow_auto else []))
+    raise InvalidInputError(f"unknown dtype {value!r}; use a torch.dtype or one of {known}")
+
+
+def dtype_name(dtype: Any) -> str:
+    """The canonical name (``"bfloat16"``) of a dtype or any accepted name of it."""
+    parsed = parse_dtype(dtype)
+    assert parsed is not None
+    return str(parsed).removeprefix("torch.")
+
+
+def dtype_bytes(dtype: Any) -> int:
+    """Bytes per element of a dtype or its name."""
+    parsed = parse_dtype(dtype)
+    if parsed not in DTYPE_BYTES:
+        raise InvalidInputError(f"no byte size known for dtype {parsed}")
+    return DTYPE_BYTES[parsed]
