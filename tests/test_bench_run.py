@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import bastion
+
 from bastion.bench import runner as bench_runner
-from bastion.bench.methods import ARDecoder, FullTree, parse_method
+from bastion.bench.methods import ARDecoder, build_decoder, parse_method
 from bastion.bench.metrics import ALL_DATASETS, sweep_budget
 from bastion.bench.reporting import markdown_report, write_report
 from bastion.bench.runner import BenchConfig, run_bench
@@ -158,16 +160,36 @@ def test_report_writes_markdown_json_csv_and_png_files(calls, tmp_path: Path) ->
     assert (tmp_path / "out" / "results.md").read_text() == md
 
 
-def test_ar_decoder_matches_hf_generate_and_the_target_interface_path(pair) -> None:
+def test_ar_decoder_matches_hf_generate_through_the_target_interface(pair) -> None:
     target, _ = pair
     ids = torch.tensor([[5, 9, 17, 33]])
     ref = target.model.generate(ids, max_new_tokens=12, do_sample=False)[0, 4:].tolist()
-    res = ARDecoder(target).generate(ids, max_new_tokens=12)
+    calls: list[int] = []
+    forward_tree = target.forward_tree
+
+    def counted(tree, *args, **kwargs):
+        calls.append(len(tree))
+        return forward_tree(tree, *args, **kwargs)
+
+    target.forward_tree = counted  # type: ignore[method-assign]
+    try:
+        res = ARDecoder(target).generate(ids, max_new_tokens=12)
+    finally:
+        del target.forward_tree
     assert res.tokens == ref
-    generic = ARDecoder(target)
-    generic._model = None  # decode through Target.prefill / forward_tree / commit instead
-    assert generic.generate(ids, max_new_tokens=12).tokens == res.tokens
+    assert calls == [1] * 11, "one single-node forward_tree per token after the prefill"
     assert all(s.budget == 1 and s.accepted == 0 for s in res.steps)
+
+
+def test_ar_decoder_samples_with_the_pipelines_options_and_stream(pair) -> None:
+    target, drafter = pair
+    ids = torch.tensor([[5, 9, 17, 33]])
+    pipe = build_decoder(parse_method("best-first@4"), target, drafter)
+    for options in ({"temperature": 0.9, "top_k": 3}, {"temperature": 1.3, "top_p": 0.6}):
+        ar = ARDecoder(target).generate(ids, max_new_tokens=10, seed=11, **options)
+        assert ar.tokens == pipe.generate(ids, max_new_tokens=10, seed=11, **options).tokens, options
+    greedy = ARDecoder(target).generate(ids, max_new_tokens=10).tokens
+    assert ARDecoder(target).generate(ids, max_new_tokens=10, temperature=1.0, top_k=1, seed=3).tokens == greedy
 
 
 def test_method_names_parse_into_builders_and_controllers() -> None:
@@ -178,8 +200,8 @@ def test_method_names_parse_into_builders_and_controllers() -> None:
     ours = parse_method("bastion", max_nodes=128, known_trees=trees)
     assert (ours.tree_builder, ours.controller, ours.max_nodes) == ("best-first", "bastion", 128)
     chain = parse_method("chain", known_trees=trees)
-    assert chain.controller is None and chain.tree_builder == "chain"
-    assert FullTree().choose(torch.zeros(7), 0, None, 0.0) == 7  # type: ignore[arg-type]
+    assert chain.controller == "full" and chain.tree_builder == "chain"
+    assert bastion.registry.create("budget_controller", "full").choose(torch.zeros(7), 0, None, 0.0) == 7  # type: ignore[arg-type]
     for bad, msg in (("nope", "unknown method"), ("best-first@x", "integer"), ("best-first@0", ">= 1"), ("", "empty")):
         with pytest.raises(InvalidInputError, match=msg):
             parse_method(bad, known_trees=trees)
@@ -232,6 +254,10 @@ def test_quick_flag_sets_a_short_run_and_explicit_flags_override_it() -> None:
     args = build_parser().parse_args(["bench", "--quick", "--limit", "5", "--budgets", "2,4", "--tree-option", "static.branching=[3,1]"])
     cfg = build_config(args)
     assert cfg.limit == 5 and "best-first@2" in cfg.methods and dict(cfg.tree_options) == {"static": {"branching": [3, 1]}}
+    sampled = build_config(build_parser().parse_args(["bench", "--temperature", "0.7", "--top-p", "0.9", "--top-k", "5"]))
+    assert (sampled.sampling.temperature, sampled.sampling.top_p, sampled.sampling.top_k) == (0.7, 0.9, 5)
+    with pytest.raises(InvalidInputError, match="top_p"):
+        build_config(build_parser().parse_args(["bench", "--temperature", "0.7", "--top-p", "0"]))
     full = build_config(build_parser().parse_args(["bench"]))
     assert full.limit == 10 and full.repeats == 3 and [sweep_budget(m) for m in full.methods if sweep_budget(m)] == [4, 8, 16, 32, 64]
 
@@ -246,7 +272,7 @@ def test_repeats_run_whole_rounds_and_keep_each_methods_fastest_run(pair, data_d
         def __init__(self, name: str) -> None:
             self.name = name
 
-        def generate(self, ids, max_new_tokens=64, temperature=0.0, seed=None):
+        def generate(self, ids, max_new_tokens=64, temperature=0.0, seed=None, *, top_p=1.0, top_k=0):
             order.append(self.name)
             return GenerationResult(tokens=[7], steps=(), prompt_len=int(ids.shape[1]), prefill_s=0.0,
                                     wall_s=next(walls[self.name]), stop_reason="length")

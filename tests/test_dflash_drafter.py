@@ -11,7 +11,6 @@ import torch
 import bastion
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.hf_target import HFTarget
-from bastion.core.interfaces import BudgetController, LatencyModel
 from bastion.core.pipeline import Pipeline
 from bastion.core.types import DraftContext, DraftStep
 from bastion.drafters.dflash import DFlashDrafter
@@ -40,11 +39,6 @@ def drafter(checkpoint: Path, target: HFTarget) -> DFlashDrafter:
     d = bastion.registry.create("drafter", "dflash", checkpoint=str(checkpoint), device="cpu", dtype="float32")
     d.bind(target)
     return d
-
-
-class VerifyWholeTree(BudgetController):
-    def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
-        return int(log_scores.shape[0])
 
 
 def test_registered_dflash_loads_the_checkpoint_and_reads_its_feature_layers(drafter: DFlashDrafter) -> None:
@@ -125,7 +119,7 @@ def test_pipeline_with_dflash_drafter_is_lossless_against_greedy_decoding(
         target=target,
         drafter=DFlashDrafter(checkpoint),
         tree_builder=builder,
-        budget_controller=VerifyWholeTree(),
+        budget_controller="full",
         latency_model=FixedLatencyModel(),
         verifier="exact",
         max_nodes=12,
@@ -147,7 +141,7 @@ def test_one_drafter_forward_per_step_whatever_the_tree(
     drafter.propose = lambda step: (proposals.append(step.context_len), propose(step))[1]  # type: ignore[method-assign]
     try:
         pipe = Pipeline(
-            target=target, drafter=drafter, tree_builder=builder, budget_controller=VerifyWholeTree(),
+            target=target, drafter=drafter, tree_builder=builder, budget_controller="full",
             latency_model=FixedLatencyModel(), verifier="exact", max_nodes=max_nodes,
         )
         res = pipe.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=12, stop_on_eos=False)

@@ -19,7 +19,6 @@ import torch
 from attrs import field, frozen
 
 from bastion.core.errors import InvalidInputError
-from bastion.core.interfaces import BudgetController, LatencyModel
 from bastion.core.pipeline import Pipeline
 from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
 from bastion.core.sync import device_sync
@@ -34,7 +33,6 @@ __all__ = [
     "parse_method",
     "default_methods",
     "Decoder",
-    "FullTree",
     "ARDecoder",
     "build_decoder",
 ]
@@ -52,7 +50,7 @@ class MethodSpec:
 
     name: str
     tree_builder: str | None  # None: the autoregressive baseline
-    controller: str | None = None  # registered budget controller; None: verify every built node
+    controller: str = "full"  # registered budget controller ("full": verify every built node)
     controller_options: Mapping[str, Any] = field(factory=dict)
     tree_options: Mapping[str, Any] = field(factory=dict)
     max_nodes: int = 64
@@ -94,7 +92,7 @@ def parse_method(
             "optionally with @N for a fixed budget of N nodes"
         )
     if not sep:
-        return MethodSpec(name, tree, controller=None, tree_options=dict(opts.get(tree, {})), max_nodes=_UNBOUNDED_NODES)
+        return MethodSpec(name, tree, controller="full", tree_options=dict(opts.get(tree, {})), max_nodes=_UNBOUNDED_NODES)
     try:
         budget = int(budget_s)
     except ValueError:
@@ -115,81 +113,60 @@ class Decoder(Protocol):
     """What the benchmark runs: :class:`bastion.Pipeline` and :class:`ARDecoder` both qualify."""
 
     def generate(
-        self, input_ids: torch.Tensor, max_new_tokens: int = 64, temperature: float = 0.0, seed: int | None = None
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        *,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> GenerationResult: ...
 
 
-class FullTree(BudgetController):
-    """Verify every node the tree builder produced (chain and static baselines)."""
-
-    def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
-        return int(log_scores.shape[0])
-
-
 class ARDecoder:
-    """Plain autoregressive decoding with the target's KV cache: one target forward per token.
-
-    With a Hugging Face target it calls the underlying model directly (the fastest honest baseline);
-    any other :class:`Target` decodes through its own interface, one single-node tree per token.
+    """Plain autoregressive decoding through the :class:`Target` interface: prefill, then one
+    single-node tree per token (``forward_tree`` + ``commit``), the same code path and sampling options
+    (temperature, top-p, top-k, the seeded positional stream) as the pipeline's verify step.
     Timed like :meth:`bastion.Pipeline.generate`: the clock covers the prefill and every step.
     """
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        model = getattr(target, "model", None)
-        self._model = model if isinstance(model, torch.nn.Module) else None
 
     def generate(
-        self, input_ids: torch.Tensor, max_new_tokens: int = 64, temperature: float = 0.0, seed: int | None = None
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        *,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_on_eos: bool = True,
     ) -> GenerationResult:
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise InvalidInputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
         if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
             raise InvalidInputError(f"input_ids must be a non-empty LongTensor [1, L], got {tuple(input_ids.shape)}")
-        sampling = SamplingConfig(temperature=temperature)
+        sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
         # the seeded positional stream: the same seed gives the same tokens as bastion.Pipeline.generate
         seed = None if seed is None else check_seed(seed)
         stream = None if sampling.greedy else PositionalStream.from_seed(seed)
         ids = input_ids.to(self.target.device, torch.long)
-        run = self._run_hf if self._model is not None else self._run_target
+        eos = self.target.eos_token_ids if stop_on_eos else frozenset()
         with torch.inference_mode():
-            return run(ids, max_new_tokens, sampling, stream)
+            return self._run(ids, max_new_tokens, sampling, stream, eos)
 
-    # -- Hugging Face model with a DynamicCache ---------------------------------------------------
-    def _run_hf(
-        self, ids: torch.Tensor, max_new: int, sampling: SamplingConfig, stream: PositionalStream | None
-    ) -> GenerationResult:
-        from transformers import DynamicCache
-
-        model = self._model
-        assert model is not None
-        eos = self.target.eos_token_ids
-        limit = self.target.max_positions
-        t_start = time.perf_counter()
-        cache = DynamicCache(config=model.config)
-        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # [V]
-        tok = int(sample_tokens(logits, at_position(sampling, stream, ids.shape[1])))
-        self._sync()
-        prefill_s = time.perf_counter() - t_start
-        out, steps = [tok], []
-        ctx = int(ids.shape[1])
-        while len(out) < max_new and tok not in eos and ctx + 1 < limit:
-            t0 = time.perf_counter()
-            step_in = torch.tensor([[tok]], dtype=torch.long, device=ids.device)  # [1, 1]
-            logits = model(input_ids=step_in, cache=cache, use_cache=True).logits[0, -1]  # [V]
-            tok = int(sample_tokens(logits, at_position(sampling, stream, ctx + 1)))  # host sync: needed for the EOS check
-            t1 = time.perf_counter()
-            out.append(tok)
-            steps.append(_ar_step(ctx, t1 - t0, time.perf_counter() - t1))
-            ctx += 1
-        return self._result(out, steps, ids, prefill_s, t_start, eos, max_new)
-
-    # -- any Target: one single-node tree per token -------------------------------------------------
-    def _run_target(
-        self, ids: torch.Tensor, max_new: int, sampling: SamplingConfig, stream: PositionalStream | None
+    def _run(
+        self,
+        ids: torch.Tensor,
+        max_new: int,
+        sampling: SamplingConfig,
+        stream: PositionalStream | None,
+        eos: frozenset[int],
     ) -> GenerationResult:
         target = self.target
-        eos = target.eos_token_ids
         keep_root = torch.zeros(1, dtype=torch.long, device=ids.device)  # [1]: commit node 0
         t_start = time.perf_counter()
         target.reset()
@@ -201,25 +178,13 @@ class ARDecoder:
         while len(out) < max_new and tok not in eos and target.context_len + 1 < target.max_positions:
             ctx = target.context_len
             t0 = time.perf_counter()
-            node = Tree.from_parents([tok], [-1])
+            node = Tree.from_parents(torch.tensor([tok], device=ids.device), [-1])
             logits = target.forward_tree(node).logits[0]  # [V]
             target.commit(keep_root)
-            tok = int(sample_tokens(logits, at_position(sampling, stream, ctx + 1)))
+            tok = int(sample_tokens(logits, at_position(sampling, stream, ctx + 1)))  # host sync: the EOS check needs it
             t1 = time.perf_counter()
             out.append(tok)
             steps.append(_ar_step(ctx, t1 - t0, time.perf_counter() - t1))
-        return self._result(out, steps, ids, prefill_s, t_start, eos, max_new)
-
-    def _result(
-        self,
-        out: list[int],
-        steps: list[StepRecord],
-        ids: torch.Tensor,
-        prefill_s: float,
-        t_start: float,
-        eos: frozenset[int],
-        max_new: int,
-    ) -> GenerationResult:
         self._sync()
         return GenerationResult(
             tokens=out[:max_new],
@@ -257,9 +222,7 @@ def build_decoder(
     reg = registry or default_registry
     assert spec.tree_builder is not None
     tree = reg.create("tree_builder", spec.tree_builder, **dict(spec.tree_options))
-    controller = (
-        FullTree() if spec.controller is None else reg.create("budget_controller", spec.controller, **dict(spec.controller_options))
-    )
+    controller = reg.create("budget_controller", spec.controller, **dict(spec.controller_options))
     return Pipeline(
         target=target,
         drafter=drafter,

@@ -23,7 +23,7 @@ from bastion.bench.templates import TemplateStyle, encode_prompt
 from bastion.core.checks import optional_positive_int, positive_int
 from bastion.core.errors import InvalidInputError
 from bastion.core.target import Target
-from bastion.core.types import GenerationResult
+from bastion.core.types import GenerationResult, SamplingConfig
 
 __all__ = ["BenchConfig", "BenchRun", "LatencyFit", "QUICK", "load_prompts", "run_bench", "fit_latency"]
 
@@ -40,6 +40,8 @@ class BenchConfig:
     max_new_tokens: int = field(default=128, validator=positive_int)
     max_nodes: int = field(default=64, validator=positive_int)  # the adaptive controller's N_max
     temperature: float = field(default=0.0, converter=float)
+    top_p: float = field(default=1.0, converter=float)  # nucleus filter of sampled runs (AR and speculative alike)
+    top_k: int = 0  # top-k filter of sampled runs (0: off)
     seed: int = 0
     template: str = "auto"
     warmup_tokens: int = field(default=16, validator=attrs.validators.ge(0))  # per method, first prompt, unrecorded
@@ -59,10 +61,13 @@ class BenchConfig:
         if not value:
             raise InvalidInputError("at least one dataset is needed")
 
-    @temperature.validator
-    def _check_temperature(self, _a: attrs.Attribute, value: float) -> None:
-        if value < 0:
-            raise InvalidInputError(f"temperature must be >= 0, got {value}")
+    def __attrs_post_init__(self) -> None:
+        self.sampling  # the sampling options are checked where every decoder reads them
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling options every method decodes with."""
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
 
 
 #: the ``--quick`` configuration: a few prompts per dataset, a short sweep
@@ -134,11 +139,12 @@ def run_bench(
         )
     encoded = [encode_prompt(p, tokenizer, target.vocab_size, style, max_tokens=room) for p in prompts]
 
+    sampling = {"temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k}
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     t0 = time.perf_counter()
     if config.warmup_tokens > 0:  # first-call costs (allocations, kernel selection) stay out of the figures
         for name, dec in decoders.items():
-            dec.generate(encoded[0], max_new_tokens=config.warmup_tokens, temperature=config.temperature, seed=config.seed)
+            dec.generate(encoded[0], max_new_tokens=config.warmup_tokens, seed=config.seed, **sampling)
     warmup_s = time.perf_counter() - t0
 
     runs: list[PromptRun] = []
@@ -152,9 +158,7 @@ def run_bench(
             for _ in range(config.repeats):  # whole rounds, so a burst of load hits every method alike
                 for name in order:
                     bar.set_postfix_str(f"{prompt.dataset} {name}", refresh=False)
-                    res = decoders[name].generate(
-                        ids, max_new_tokens=config.max_new_tokens, temperature=config.temperature, seed=config.seed + i
-                    )
+                    res = decoders[name].generate(ids, max_new_tokens=config.max_new_tokens, seed=config.seed + i, **sampling)
                     if name not in fastest or res.wall_s < fastest[name].wall_s:
                         fastest[name] = res
                     bar.update(1)

@@ -13,6 +13,7 @@ import torch
 from attrs import frozen
 
 from bastion.bench.datasets import Domain, Prompt
+from bastion.core.chat import chat_text, has_chat_template, user_turn
 from bastion.core.errors import InvalidInputError
 
 __all__ = ["TemplateStyle", "PromptTemplate", "TEMPLATES", "render_prompt", "encode_prompt", "byte_encode"]
@@ -35,23 +36,17 @@ TEMPLATES: dict[str, PromptTemplate] = {
 }
 
 
-def _has_chat_template(tokenizer: Any) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None)) and hasattr(tokenizer, "apply_chat_template")
-
-
 def render_prompt(prompt: Prompt, tokenizer: Any = None, style: TemplateStyle = "auto") -> str:
     """The text fed to the target for ``prompt`` (before tokenization)."""
     if style not in ("auto", "chat", "plain"):
         raise InvalidInputError(f"template style must be auto, chat or plain, got {style!r}")
     tpl = TEMPLATES[prompt.domain]
-    use_chat = style == "chat" or (style == "auto" and tpl.instruction and _has_chat_template(tokenizer))
+    use_chat = style == "chat" or (style == "auto" and tpl.instruction and has_chat_template(tokenizer))
     if use_chat:
-        if not _has_chat_template(tokenizer):
+        if not has_chat_template(tokenizer):
             raise InvalidInputError("template style 'chat' needs a tokenizer with a chat template")
         text = prompt.text.strip() if tpl.instruction else tpl.plain.format(text=prompt.text)
-        return str(
-            tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-        )
+        return chat_text(tokenizer, user_turn(text))
     return tpl.plain.format(text=prompt.text)
 
 
@@ -73,7 +68,7 @@ def encode_prompt(
     if tokenizer is None:
         ids = byte_encode(text, vocab_size)
     else:
-        chat = style == "chat" or (style == "auto" and TEMPLATES[prompt.domain].instruction and _has_chat_template(tokenizer))
+        chat = style == "chat" or (style == "auto" and TEMPLATES[prompt.domain].instruction and has_chat_template(tokenizer))
         # a chat template already contains any special tokens the model expects
         ids = list(tokenizer.encode(text, add_special_tokens=not chat))
     if max_tokens is not None and len(ids) > max_tokens:

@@ -7,18 +7,8 @@ import json
 import sys
 from typing import Any
 
-_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(t) for t in _csv(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+from bastion.cli.parsing import csv_list, int_list
+from bastion.core.dtypes import CLI_DTYPES, parse_dtype
 
 
 def _tree_option(text: str) -> tuple[str, str, Any]:
@@ -46,22 +36,24 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--target", help="target model: local directory or hub id (default: the demo pair)")
     p.add_argument("--drafter", help="drafter: registered name, DFlash checkpoint dir or hub id (default: the demo pair)")
-    p.add_argument("--datasets", type=_csv, help="comma-separated NAME[=PATH|hf:ID] (default gsm8k,humaneval,mt_bench)")
+    p.add_argument("--datasets", type=csv_list, help="comma-separated NAME[=PATH|hf:ID] (default gsm8k,humaneval,mt_bench)")
     p.add_argument("--data-dir", help="directory holding gsm8k/, humaneval/, mt_bench/ (default $BASTION_DATA_DIR, ./data or ../shared/data)")
     p.add_argument("--limit", type=int, help="prompts per dataset (default 10; --quick 3)")
     p.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default 128; --quick 64)")
-    p.add_argument("--methods", type=_csv, help="comma-separated methods: ar, chain, static, NAME@N, bastion (default: all, sweep from --budgets)")
-    p.add_argument("--budgets", type=_ints, help="fixed budgets of the best-first sweep (default 4,8,16,32,64; --quick 8,32)")
+    p.add_argument("--methods", type=csv_list, help="comma-separated methods: ar, chain, static, NAME@N, bastion (default: all, sweep from --budgets)")
+    p.add_argument("--budgets", type=int_list, help="fixed budgets of the best-first sweep (default 4,8,16,32,64; --quick 8,32)")
     p.add_argument("--max-nodes", type=int, help="the adaptive controller's largest tree (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy, with the equality check)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold for every method (default 1: off)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k sampling for every method (default 0: off)")
+    p.add_argument("--seed", type=int, default=0, help="base seed of sampled runs (prompt i uses seed + i)")
     p.add_argument("--template", choices=("auto", "chat", "plain"), default="auto", help="prompt template style")
     p.add_argument("--repeats", type=int, help="runs per prompt and method, the fastest kept (default 3; --quick 1)")
     p.add_argument("--warmup-tokens", type=int, help="unrecorded warm-up generation per method (default 16; 0 disables)")
     p.add_argument("--tree-option", type=_tree_option, action="append", default=[], metavar="BUILDER.KEY=VALUE",
                    help="option for a tree builder, JSON value (repeatable), e.g. static.branching=[4,2,2,1]")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=_DTYPES, default="float32")
+    p.add_argument("--dtype", choices=CLI_DTYPES, default="float32")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="a short run: 3 prompts per dataset, 64 tokens, budgets 8,32")
     p.add_argument("--out", default="bench-results", help="output directory (default ./bench-results)")
@@ -88,13 +80,11 @@ def build_config(args: argparse.Namespace) -> Any:
     tree_options: dict[str, dict[str, Any]] = {}
     for builder, key, value in args.tree_option:
         tree_options.setdefault(builder, {})[key] = value
-    return BenchConfig(temperature=args.temperature, seed=args.seed, template=args.template, tree_options=tree_options, **kw)
+    return BenchConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, template=args.template, tree_options=tree_options, **kw)
 
 
 def load_pair(target: str | None, drafter: str | None, device: str, dtype: str) -> tuple[Any, Any, Any]:
     """(target, drafter, tokenizer), loaded once and shared by every method."""
-    import torch
-
     from bastion.core.errors import InvalidInputError
     from bastion.core.pipeline import Pipeline
 
@@ -105,7 +95,7 @@ def load_pair(target: str | None, drafter: str | None, device: str, dtype: str) 
 
         paths = demo_paths()
         target, drafter = str(paths.target), str(paths.drafter)
-    pipe = Pipeline.from_pretrained(target, drafter, device=device, dtype=getattr(torch, dtype))
+    pipe = Pipeline.from_pretrained(target, drafter, device=device, dtype=parse_dtype(dtype))
     return pipe.target, pipe.drafter, pipe.tokenizer
 
 

@@ -5,15 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
+from bastion.cli.parsing import positive_int_list
+from bastion.core.dtypes import CLI_DTYPES, parse_dtype
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,9 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--target", default=None, help="target model directory or hub id (default: the demo target)")
     p.add_argument("--device", default="cpu", help="device to measure on (default: cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="target dtype")
-    p.add_argument("--sizes", type=_int_list, default=[1, 2, 4, 8, 16, 32, 64, 128], help="tree sizes, e.g. 1,4,16,64")
-    p.add_argument("--contexts", type=_int_list, default=[64, 512], help="context lengths, e.g. 64,512,2048")
+    p.add_argument("--dtype", default="float32", choices=CLI_DTYPES, help="target dtype")
+    p.add_argument("--sizes", type=positive_int_list, default=[1, 2, 4, 8, 16, 32, 64, 128], help="tree sizes, e.g. 1,4,16,64")
+    p.add_argument("--contexts", type=positive_int_list, default=[64, 512], help="context lengths, e.g. 64,512,2048")
     p.add_argument("--repeats", type=int, default=3, help="timed forwards per (size, context)")
     p.add_argument("--profile", default=None, help="profile JSON file (default: the user cache's latency_profiles.json)")
     p.add_argument("--no-save", action="store_true", help="fit and report without saving the profile")
@@ -42,7 +35,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
-    import torch
 
     from bastion.controllers.latency.calibrate import calibrate, plot_calibration
     from bastion.controllers.latency.profiles import default_profile_path
@@ -56,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         from bastion.demo import demo_paths
 
         target_path = str(demo_paths().target)
-    target = HFTarget.from_pretrained(target_path, device=args.device, dtype=getattr(torch, args.dtype))
+    target = HFTarget.from_pretrained(target_path, device=args.device, dtype=parse_dtype(args.dtype))
     result = calibrate(target, args.sizes, args.contexts, repeats=args.repeats)
     model = result.model
 

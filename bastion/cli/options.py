@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+from bastion.core.dtypes import CLI_DTYPES as DTYPES
 
 __all__ = ["DTYPES", "add_model_options", "build_pipeline"]
 
@@ -35,9 +35,8 @@ def add_model_options(p: argparse.ArgumentParser, *, device_default: str = "cpu"
 
 def build_pipeline(args: argparse.Namespace, *, device: Any = None) -> Any:
     """The pipeline ``args`` describe; ``device`` overrides ``args.device`` (a rank's own device)."""
-    import torch
-
     from bastion import registry
+    from bastion.core.dtypes import parse_dtype
     from bastion.core.errors import InvalidInputError
     from bastion.core.pipeline import Pipeline
 
@@ -50,7 +49,7 @@ def build_pipeline(args: argparse.Namespace, *, device: Any = None) -> Any:
         tree_builder=args.tree_builder,
         budget_controller=controller,
         device=args.device if device is None else device,
-        dtype=getattr(torch, args.dtype),
+        dtype=parse_dtype(args.dtype),
         max_nodes=args.max_nodes,
     )
     if getattr(args, "device_map", None):

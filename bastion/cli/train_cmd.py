@@ -21,8 +21,10 @@ import importlib
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from attrs import frozen
+
+from bastion.cli.parsing import csv_list, parse_int_list
+from bastion.core.dtypes import CLI_DTYPES, parse_dtype
 
 SMOKE_LIMIT = 12  # documents per source in --smoke runs
 
@@ -177,7 +179,7 @@ def _export_stage(e: argparse.ArgumentParser) -> None:
     e.add_argument("--target", type=Path, required=True)
     e.add_argument("--drafter", type=Path, required=True)
     e.add_argument("--out", type=Path, required=True)
-    e.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
+    e.add_argument("--dtype", choices=CLI_DTYPES, default="float16")
 
 
 def _all_stage(a: argparse.ArgumentParser) -> None:
@@ -229,14 +231,7 @@ def _setup(args: argparse.Namespace) -> None:
 
 
 def _layer_ids(text: str | None) -> tuple[int, ...] | None:
-    from bastion.core.errors import InvalidInputError
-
-    if not text:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise InvalidInputError(f"--target-layers takes comma-separated integers, got {text!r}") from None
+    return parse_int_list(text, what="--target-layers") if text else None
 
 
 def _tokenizer_or_none(name: str) -> Any:
@@ -359,9 +354,9 @@ def _acceptance(args: argparse.Namespace, target: Any, tok: Any) -> Any:
         return None
     from bastion.training.evaluate import AcceptanceEvalConfig, acceptance_eval
 
-    budgets = tuple(int(b) for b in str(size(args, "eval_budgets")).split(",") if b.strip())
+    budgets = parse_int_list(str(size(args, "eval_budgets")), what="--eval-budgets", low=1)
     cfg = AcceptanceEvalConfig(
-        datasets=tuple(d.strip() for d in args.eval_datasets.split(",") if d.strip()),
+        datasets=tuple(csv_list(args.eval_datasets)),
         limit=size(args, "eval_limit"),
         max_new_tokens=size(args, "eval_max_new_tokens"),
         budgets=budgets,
@@ -406,7 +401,7 @@ def run_drafter(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     from bastion.training.export import export_pair
 
-    out = export_pair(args.target, args.drafter, args.out, getattr(torch, args.dtype))
+    out = export_pair(args.target, args.drafter, args.out, parse_dtype(args.dtype))
     print(f"exported target + drafter to {out}")
     return 0
 

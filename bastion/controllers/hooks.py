@@ -21,6 +21,12 @@ def bastion_register_components(register: Register) -> None:
     )
     register(
         "budget_controller",
+        "full",
+        "bastion.controllers.full:FullTreeController",
+        description="verify every node the tree builder produced (chain / static baselines)",
+    )
+    register(
+        "budget_controller",
         "fixed",
         "bastion.controllers.budget:FixedController",
         description="always verify `budget` nodes",

@@ -25,7 +25,7 @@ from bastion.core.interfaces import (
     Verifier,
 )
 from bastion.core.registry import Registry, registry as default_registry
-from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
+from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens, seeded_generator
 from bastion.core.sync import device_sync
 from bastion.core.target import Target
 from bastion.core.tree import Tree
@@ -383,9 +383,7 @@ class Pipeline:
         """A generator for verifiers that draw by themselves instead of through ``sampling.uniforms``."""
         if stream is None:
             return None
-        gen = torch.Generator(device=self.target.device)
-        gen.manual_seed(stream.seed)
-        return gen
+        return seeded_generator(stream.seed, self.target.device)
 
     def _sync(self) -> None:
         device_sync(self.target.device)

@@ -34,6 +34,7 @@ __all__ = [
     "SEED_LIMIT",
     "check_seed",
     "at_position",
+    "seeded_generator",
 ]
 
 _MASK64 = (1 << 64) - 1
@@ -165,3 +166,10 @@ def at_position(sampling: SamplingConfig, stream: PositionalStream | None, posit
     if stream is None:
         return sampling
     return stream.for_tokens_at(sampling, torch.tensor(position, dtype=torch.long))
+
+
+def seeded_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``seed`` (checked by :func:`check_seed`)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(check_seed(seed))
+    return gen

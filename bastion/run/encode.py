@@ -7,6 +7,7 @@ from typing import Any
 
 from attrs import field, frozen
 
+from bastion.core.chat import chat_ids, has_chat_template, user_turn
 from bastion.core.errors import InvalidInputError
 from bastion.run.inputs import InputRow, RowError
 
@@ -22,10 +23,6 @@ class EncodedRow:
     max_new_tokens: int
 
 
-def has_chat_template(tokenizer: Any) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None)) and hasattr(tokenizer, "apply_chat_template")
-
-
 def _require(tokenizer: Any) -> Any:
     if tokenizer is None:
         raise InvalidInputError("the target has no tokenizer files; pass a target directory with a tokenizer")
@@ -36,8 +33,7 @@ def messages_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
     """Token ids of a conversation rendered with the tokenizer's chat template plus the generation prompt."""
     if not has_chat_template(_require(tokenizer)):
         raise InvalidInputError("'messages' need a tokenizer with a chat template; this one has none")
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return list(tokenizer.encode(str(text), add_special_tokens=False))  # the template holds the special tokens
+    return chat_ids(tokenizer, messages)
 
 
 def prompt_ids(tokenizer: Any, prompt: str, *, raw: bool = False) -> list[int]:
@@ -45,7 +41,7 @@ def prompt_ids(tokenizer: Any, prompt: str, *, raw: bool = False) -> list[int]:
     the text as it is with ``raw`` or without a template."""
     _require(tokenizer)
     if not raw and has_chat_template(tokenizer):
-        return messages_ids(tokenizer, [{"role": "user", "content": prompt}])
+        return messages_ids(tokenizer, user_turn(prompt))
     return list(tokenizer.encode(prompt))
 
 

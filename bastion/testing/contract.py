@@ -33,7 +33,7 @@ from bastion.core.interfaces import (
     Verifier,
 )
 from bastion.core.errors import InvalidInputError, TreeValidationError
-from bastion.core.sampling import processed_log_probs
+from bastion.core.sampling import processed_log_probs, seeded_generator
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, Verdict
@@ -169,7 +169,7 @@ def check_drafter(
         drafter,
         f"feature_layers must be a tuple of ints, got {layers!r}",
     )
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded_generator(seed)
     if prompt is None:  # a short repeating pattern, so context-matching drafters have something to find
         motif = torch.randint(0, vocab, (4,), generator=gen)
         ids = torch.cat([motif, torch.randint(0, vocab, (3,), generator=gen), motif])  # [11]
@@ -248,7 +248,7 @@ def check_tree_builder(
     and a smaller budget's tree is exactly the first nodes of a larger budget's tree.
     """
     _check_type(builder, TreeBuilder)
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded_generator(seed)
     cases = [
         ("dense", _random_marginals(gen, depth, vocab_size)),
         ("sparse", _random_marginals(gen, 2, vocab_size, allowed=2)),  # at most 1 + 2 + 4 = 7 nodes exist
@@ -421,7 +421,7 @@ def check_budget_controller(
     """
     _check_type(controller, BudgetController)
     latency = latency or FixedLatencyModel()
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded_generator(seed)
     for n_max in sizes:
         steps = torch.rand(n_max - 1, generator=gen) * 2.0  # per-node drop in log rho
         scores = torch.cat([torch.zeros(1), -torch.cumsum(steps, 0)])  # [n_max], root 0.0, non-increasing
@@ -513,7 +513,7 @@ def check_verifier(
     n = len(tree)
     kids = tree.children_lists()
     tokens = tree.tokens.tolist()
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded_generator(seed)
     greedy = SamplingConfig(temperature=0.0)
     for trial in range(24):
         logits = torch.randn(n, vocab_size, generator=gen)  # [n, V]
@@ -565,7 +565,7 @@ def _check_sampling(
             for x2 in range(vocab):
                 exact[(x1, x2)] = float(p[0, x1] * p[child[0], x2])
     seen: Counter[tuple[int, ...]] = Counter()
-    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    g = seeded_generator(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
     for t in range(trials):
         v = verifier.verify(tree, logits, sampling, g)
         _check_verdict(verifier, tree, v, vocab, f"sampling trial {t}")
@@ -576,7 +576,7 @@ def _check_sampling(
         raise AssertionError(f"{_name(verifier)}: not lossless at temperature 1: {exc}") from None
     runs = []
     for _ in range(2):
-        g2 = torch.Generator().manual_seed(1234)
+        g2 = seeded_generator(1234)
         runs.append([verifier.verify(tree, logits, sampling, g2).emitted for _ in range(20)])
     _require(runs[0] == runs[1], verifier, "sampling verdicts differ for the same generator seed")
     top2 = SamplingConfig(temperature=1.0, top_k=2)

@@ -16,6 +16,7 @@ import torch
 
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import Drafter
+from bastion.core.sampling import seeded_generator
 from bastion.core.types import DraftContext, DraftStep, Marginals
 
 __all__ = ["NoisyOracleDrafter"]
@@ -63,7 +64,6 @@ class NoisyOracleDrafter(Drafter):
         self.features_seen = 0  # committed positions whose target features arrived (feature path check)
         self._feature_dim: int | None = None
         self._device = model.get_output_embeddings().weight.device
-        self._gen = torch.Generator(device=self._device)
         self.reset()
 
     @property
@@ -82,7 +82,7 @@ class NoisyOracleDrafter(Drafter):
         self._cache: Any = None
         self._cached = 0  # committed tokens already in the reference cache
         self.features_seen = 0
-        self._gen.manual_seed(self.seed)
+        self._gen = seeded_generator(self.seed, self._device)
 
     def begin(self, context: DraftContext) -> None:
         from transformers import DynamicCache

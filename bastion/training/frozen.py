@@ -12,19 +12,21 @@ from typing import Any
 
 import torch
 
+from bastion.core.dtypes import CLI_DTYPES
+from bastion.core.dtypes import parse_dtype as parse_core_dtype
 from bastion.core.errors import InvalidInputError
 
 __all__ = ["DTYPES", "parse_dtype", "load_frozen_target", "load_target_tokenizer", "resolve_mask_token", "freeze"]
 
 #: dtype names accepted on the command line ("auto": the checkpoint's own dtype)
-DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+DTYPES: tuple[str, ...] = ("auto", *CLI_DTYPES)
 
 
 def parse_dtype(name: str) -> torch.dtype | str:
     """``"auto"`` stays a string (Hugging Face reads the checkpoint's dtype); other names become dtypes."""
     if name not in DTYPES:
         raise InvalidInputError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}")
-    return name if name == "auto" else getattr(torch, name)
+    return "auto" if name == "auto" else parse_core_dtype(name)
 
 
 def freeze(model: torch.nn.Module) -> torch.nn.Module:

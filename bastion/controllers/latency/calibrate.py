@@ -21,6 +21,7 @@ from attrs import field, frozen
 from bastion.controllers.latency.fit import FitResult
 from bastion.controllers.latency.roofline import RooflineLatency
 from bastion.core.errors import InvalidInputError
+from bastion.core.sampling import seeded_generator
 from bastion.core.sync import device_sync
 from bastion.core.target import Target
 from bastion.core.tree import Tree
@@ -83,7 +84,7 @@ def measure_verify_curve(
         raise InvalidInputError("calibration needs tree sizes >= 1 and context lengths >= 1")
     if repeats < 1 or warmup < 0:
         raise InvalidInputError("repeats must be >= 1 and warmup >= 0")
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded_generator(seed)
     sync = lambda: device_sync(target.device)  # noqa: E731
     results: list[tuple[int, int, list[float]]] = []
     for c in contexts:

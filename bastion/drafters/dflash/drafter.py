@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from bastion.core.dtypes import parse_dtype
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import Drafter
 from bastion.core.types import DraftContext, DraftStep, Marginals
@@ -24,28 +25,6 @@ if TYPE_CHECKING:
     from bastion.core.target import Target
 
 __all__ = ["DFlashDrafter"]
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
-
-
-def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    name = str(dtype).removeprefix("torch.")
-    if name == "auto":
-        return None
-    if name not in _DTYPES:
-        raise InvalidInputError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
-    return _DTYPES[name]
-
 
 class _KVBuffer:
     """Growable per-layer key/value storage (capacity doubles; reads are views, appends copy only the
@@ -105,9 +84,9 @@ class DFlashDrafter(Drafter):
         block_size: int | None = None,
     ) -> None:
         if isinstance(checkpoint, DFlashDraftModel):
-            model = checkpoint.to(device=device, dtype=_as_dtype(dtype) or checkpoint.dtype)
+            model = checkpoint.to(device=device, dtype=parse_dtype(dtype, allow_auto=True) or checkpoint.dtype)
         elif isinstance(checkpoint, (str, Path)):
-            model = DFlashDraftModel.from_pretrained(checkpoint, device=device, dtype=_as_dtype(dtype))
+            model = DFlashDraftModel.from_pretrained(checkpoint, device=device, dtype=parse_dtype(dtype, allow_auto=True))
         else:
             raise InvalidInputError(
                 f"checkpoint must be a directory, a hub id or a DFlashDraftModel, got {type(checkpoint).__name__}"
