@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import torch
 
-from bastion.core.checks import check_greedy_verdict, check_marginals, check_tokenizer, check_verdict
+from bastion.core.checks import check_greedy_verdict, check_int, check_marginals, check_tokenizer, check_verdict
 from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError, TreeValidationError
 from bastion.core.interfaces import (
     COMPONENT_INTERFACES,
@@ -77,8 +77,7 @@ class Pipeline:
     ) -> None:
         if not isinstance(target, Target):
             raise InvalidInputError(f"target must implement bastion.core.Target, got {type(target).__name__}")
-        if not isinstance(max_nodes, int) or max_nodes < 1:
-            raise InvalidInputError(f"max_nodes must be an int >= 1, got {max_nodes!r}")
+        max_nodes = check_int("max_nodes", max_nodes)
         self.registry = registry or default_registry
         opts = {k: dict(v) for k, v in (component_options or {}).items()}
         unknown = set(opts) - set(COMPONENT_INTERFACES)
@@ -203,8 +202,7 @@ class Pipeline:
         """Decode up to ``max_new_tokens`` new tokens after ``input_ids`` [1, L]; lossless w.r.t. the
         target's own greedy decoding (temperature 0) or sampling distribution (temperature > 0)."""
         ids = self._check_prompt(input_ids)
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens <= 0:
-            raise InvalidInputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens)
         sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
         if not sampling.greedy and not self.verifier.supports_sampling:
             raise InvalidInputError(f"verifier {type(self.verifier).__name__} supports greedy decoding only")

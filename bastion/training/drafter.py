@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from bastion.core.checks import positive_number
 from bastion.core.errors import InvalidInputError
 from bastion.distributed import DistContext, barrier
 from bastion.training.distill import DistillSequence
@@ -52,23 +53,22 @@ __all__ = [
     "target_features",
 ]
 
-_pos = attrs.validators.gt(0)
 
 
 @attrs.frozen
 class DrafterTrainConfig:
-    num_layers: int = attrs.field(default=2, validator=_pos)
+    num_layers: int = attrs.field(default=2, validator=positive_number)
     block_size: int = attrs.field(default=16, validator=attrs.validators.ge(2))
     target_layer_ids: tuple[int, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
     intermediate_size: int | None = None
-    anchors_per_seq: int = attrs.field(default=32, validator=_pos)
-    seqs_per_step: int = attrs.field(default=4, validator=_pos)  # global batch, over every rank
-    steps: int = attrs.field(default=2400, validator=_pos)
-    lr: float = attrs.field(default=1e-3, validator=_pos)
+    anchors_per_seq: int = attrs.field(default=32, validator=positive_number)
+    seqs_per_step: int = attrs.field(default=4, validator=positive_number)  # global batch, over every rank
+    steps: int = attrs.field(default=2400, validator=positive_number)
+    lr: float = attrs.field(default=1e-3, validator=positive_number)
     warmup: int = attrs.field(default=50, validator=attrs.validators.ge(1))
     weight_decay: float = attrs.field(default=0.01, validator=attrs.validators.ge(0))
-    gamma: float = attrs.field(default=7.0, validator=_pos)
-    save_every: int = attrs.field(default=50, validator=_pos)
+    gamma: float = attrs.field(default=7.0, validator=positive_number)
+    save_every: int = attrs.field(default=50, validator=positive_number)
     eval_every: int = attrs.field(default=0, validator=attrs.validators.ge(0))  # 0: evaluate at the end only
     seed: int = 0
 

@@ -17,30 +17,30 @@ import attrs
 import torch
 from tqdm import tqdm
 
+from bastion.core.checks import positive_number
 from bastion.training.loop import lr_at, resume, save_checkpoint, seed_everything
 from bastion.training.tokens import eval_windows, sample_windows
 
 __all__ = ["TargetConfig", "build_target", "train_target", "heldout_loss"]
 
-_pos = attrs.validators.gt(0)
 
 
 @attrs.frozen
 class TargetConfig:
-    hidden_size: int = attrs.field(default=256, validator=_pos)
-    num_layers: int = attrs.field(default=4, validator=_pos)
-    num_heads: int = attrs.field(default=4, validator=_pos)
-    num_kv_heads: int = attrs.field(default=2, validator=_pos)
-    intermediate_size: int = attrs.field(default=768, validator=_pos)
-    max_positions: int = attrs.field(default=1024, validator=_pos)
-    seq_len: int = attrs.field(default=512, validator=_pos)
-    batch_size: int = attrs.field(default=8, validator=_pos)
-    steps: int = attrs.field(default=2000, validator=_pos)
-    lr: float = attrs.field(default=2e-3, validator=_pos)
+    hidden_size: int = attrs.field(default=256, validator=positive_number)
+    num_layers: int = attrs.field(default=4, validator=positive_number)
+    num_heads: int = attrs.field(default=4, validator=positive_number)
+    num_kv_heads: int = attrs.field(default=2, validator=positive_number)
+    intermediate_size: int = attrs.field(default=768, validator=positive_number)
+    max_positions: int = attrs.field(default=1024, validator=positive_number)
+    seq_len: int = attrs.field(default=512, validator=positive_number)
+    batch_size: int = attrs.field(default=8, validator=positive_number)
+    steps: int = attrs.field(default=2000, validator=positive_number)
+    lr: float = attrs.field(default=2e-3, validator=positive_number)
     warmup: int = attrs.field(default=100, validator=attrs.validators.ge(1))
     weight_decay: float = attrs.field(default=0.05, validator=attrs.validators.ge(0))
-    save_every: int = attrs.field(default=100, validator=_pos)
-    eval_windows: int = attrs.field(default=64, validator=_pos)
+    save_every: int = attrs.field(default=100, validator=positive_number)
+    eval_windows: int = attrs.field(default=64, validator=positive_number)
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:

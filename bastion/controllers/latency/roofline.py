@@ -25,6 +25,7 @@ from bastion.controllers.latency.devices import DevicePeaks, device_name, device
 from bastion.controllers.latency.fit import FitResult, RooflineParams, fit_roofline
 from bastion.controllers.latency.profiles import default_profile_path, load_profile, save_profile
 from bastion.controllers.latency.residual import ResidualTable
+from bastion.core.checks import check_int, check_number
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import LatencyModel
 
@@ -78,11 +79,9 @@ class RooflineLatency(LatencyModel):
         online: bool = True,
         residual: bool = True,
     ) -> None:
-        if not (half_life > 0 and math.isfinite(half_life)):
-            raise InvalidInputError(f"half_life must be a finite number > 0, got {half_life!r}")
+        check_number("half_life", half_life, strict=True)
         for name, value in (("window", window), ("refit_every", refit_every), ("min_observations", min_observations)):
-            if not isinstance(value, int) or value < 1:
-                raise InvalidInputError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, value)
         if window < min_observations:
             raise InvalidInputError(f"window ({window}) must be >= min_observations ({min_observations})")
         self.half_life = float(half_life)
