@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from bastion.core.dtypes import dtype_name as core_dtype_name
 from bastion.core.errors import InvalidInputError
 from bastion.distributed import DistContext, barrier
 from bastion.training.distill import DistillSequence
@@ -61,7 +62,10 @@ class OnlineFeatures:
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    name = str(dtype).replace("torch.", "")
+    try:
+        name = core_dtype_name(dtype)
+    except InvalidInputError:
+        name = str(dtype)
     if name not in _STORAGE:
         raise InvalidInputError(f"features of dtype {name} cannot be stored; use float32, float16 or bfloat16")
     return name

@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from bastion.core.checks import positive_number
+from bastion.core.sampling import seeded_generator
 from bastion.training.loop import lr_at, resume, save_checkpoint, seed_everything
 from bastion.training.tokens import eval_windows, sample_windows
 
@@ -104,7 +105,7 @@ def train_target(cfg: TargetConfig, tokenizer, train_ids, heldout_ids, out_dir: 
     t0 = time.perf_counter() - elapsed
     loss_ema = None
     while step < cfg.steps:
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        gen = seeded_generator(cfg.seed * 1_000_003 + step)
         x = sample_windows(train_ids, cfg.batch_size, cfg.seq_len, gen)  # [b, T]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, peak=cfg.lr, warmup=cfg.warmup, total=cfg.steps)
