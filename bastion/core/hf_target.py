@@ -10,7 +10,8 @@ with the context length.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+import importlib.util
+from typing import Any, Iterable, Mapping, Union
 
 import torch
 
@@ -21,7 +22,12 @@ from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import TargetOutput
 
-__all__ = ["HFTarget", "SUPPORTED_ATTENTION"]
+__all__ = ["HFTarget", "SUPPORTED_ATTENTION", "DeviceMap", "single_device", "require_accelerate"]
+
+#: a Hugging Face ``device_map``: a strategy name, one device, or module name -> device
+DeviceMap = Union[str, int, torch.device, Mapping[str, Union[str, int, torch.device]]]
+
+_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 #: attention implementations that honour a custom 4D (additive) attention mask
 SUPPORTED_ATTENTION: tuple[str, ...] = ("sdpa", "eager")
@@ -37,6 +43,41 @@ def _check_attention(impl: str | None) -> str:
             f"verification needs; use one of {list(SUPPORTED_ATTENTION)} (attn_implementation='sdpa')"
         )
     return impl
+
+
+def _as_device(value: str | int | torch.device) -> torch.device:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return torch.device("cuda", value)
+    try:
+        return torch.device(value)
+    except (RuntimeError, TypeError):
+        raise InvalidInputError(
+            f"device_map entry {value!r} is not a device; use a device name (cpu, cuda:0), a GPU index or one of {list(_STRATEGIES)}"
+        ) from None
+
+
+def single_device(device_map: DeviceMap) -> torch.device | None:
+    """The one device ``device_map`` places the whole model on, or None when it spreads it (a strategy
+    such as ``"auto"``, or a dict naming several devices, ``"disk"`` included)."""
+    if isinstance(device_map, str) and device_map in _STRATEGIES:
+        return None
+    if isinstance(device_map, Mapping):
+        if not device_map:
+            raise InvalidInputError("device_map is an empty dict; map module names to devices, e.g. {'': 'cuda:0'}")
+        values = {str(v) if not isinstance(v, int) else f"cuda:{v}" for v in device_map.values()}
+        if len(values) > 1 or "disk" in values:
+            return None
+        return _as_device(next(iter(device_map.values())))
+    return _as_device(device_map)
+
+
+def require_accelerate(device_map: DeviceMap) -> None:
+    """Raise a clear error when ``device_map`` needs the optional ``accelerate`` package and it is missing."""
+    if importlib.util.find_spec("accelerate") is None:
+        raise IncompatibleComponentsError(
+            f"device_map={device_map!r} places the target over several devices through Hugging Face accelerate, "
+            "which is not installed: pip install 'bastion[multi-device]' (or pip install accelerate)"
+        )
 
 
 def _as_ids(value: Any) -> set[int]:
@@ -108,22 +149,32 @@ class HFTarget(Target):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         attn_implementation: str = "sdpa",
+        device_map: DeviceMap | None = None,
         **kwargs: Any,
     ) -> "HFTarget":
-        """Load a causal LM from a local directory or a hub id (no remote code)."""
+        """Load a causal LM from a local directory or a hub id (no remote code). ``device_map`` places it
+        through Hugging Face / accelerate instead of ``device`` (``"auto"``, ``"balanced"``,
+        ``"sequential"`` or a module-to-device dict): a map naming one device needs nothing more, a map
+        over several devices needs the ``accelerate`` package."""
         _check_attention(attn_implementation)
         device = check_device(device)
         from transformers import AutoModelForCausalLM
 
         if Path(path_or_id).expanduser().is_dir():
             check_weights_folder(Path(path_or_id).expanduser())  # broken files are named before HF reads them
+        single = device if device_map is None else single_device(device_map)
+        if single is not None:
+            single = check_device(single)
+        else:
+            require_accelerate(device_map)
+            kwargs["device_map"] = device_map
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 str(path_or_id), dtype=dtype, attn_implementation=attn_implementation, **kwargs
             )
         except (OSError, ValueError, KeyError) as exc:  # missing files, unknown model types, bad hub ids
             raise InvalidInputError(f"cannot load the target model {str(path_or_id)!r}: {exc}") from exc
-        return cls(model.to(device))
+        return cls(model if single is None else model.to(single))
 
     # ------------------------------------------------------------------ properties
     @property
@@ -158,6 +209,12 @@ class HFTarget(Target):
     def cache(self) -> Any:
         """The underlying ``DynamicCache`` (read-only use: tests and benchmarks inspect it)."""
         return self._cache
+
+    def feature_device(self, feature_layers: tuple[int, ...] = ()) -> torch.device:
+        if not feature_layers:
+            return self.device
+        layer = self._layers[max(int(i) for i in feature_layers)]
+        return next((p.device for p in layer.parameters()), self.device)
 
     def input_embeddings(self) -> torch.nn.Module:
         return self.model.get_input_embeddings()
@@ -232,8 +289,11 @@ class HFTarget(Target):
         else:
             in_place = False
         if not in_place and m > 1:
-            src = nodes[1:].to(self.device) + ctx  # [m - 1] cache slots of the accepted nodes below the root
+            src_on: dict[torch.device, torch.Tensor] = {}  # [m - 1] cache slots of the accepted nodes, per device
             for keys, values in self._layer_tensors():
+                src = src_on.get(keys.device)
+                if src is None:
+                    src = src_on[keys.device] = nodes[1:].to(keys.device) + ctx
                 # keys / values: [1, H_kv, ctx + n, D]; gather m - 1 rows first, then write them in place
                 keys[:, :, ctx + 1 : ctx + m] = keys.index_select(2, src)
                 values[:, :, ctx + 1 : ctx + m] = values.index_select(2, src)

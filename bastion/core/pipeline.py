@@ -129,18 +129,25 @@ class Pipeline:
         tokenizer: Any = None,
         attn_implementation: str = "sdpa",
         strict_verdicts: bool = False,
+        device_map: Any = None,
         component_options: Mapping[str, Mapping[str, Any]] | None = None,
         registry: Registry | None = None,
     ) -> "Pipeline":
         """Load a target (local dir or hub id) and a drafter (a registered drafter name, an instance, or
         a checkpoint dir or hub id that a registered drafter claims, see
-        :meth:`bastion.core.Drafter.claims_checkpoint`), then assemble the pipeline."""
+        :meth:`bastion.core.Drafter.claims_checkpoint`), then assemble the pipeline.
+
+        ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"``, a device, or a module-to-device
+        dict) places the target through Hugging Face / accelerate instead of ``device``; the drafter then
+        runs where the target's feature layers end up. Maps over several devices need ``accelerate``."""
         from bastion.core.hf_target import HFTarget
 
         reg = registry or default_registry
         if not isinstance(target, Target):
             target_path = str(target)
-            target = HFTarget.from_pretrained(target_path, device=device, dtype=dtype, attn_implementation=attn_implementation)
+            target = HFTarget.from_pretrained(
+                target_path, device=device, dtype=dtype, attn_implementation=attn_implementation, device_map=device_map
+            )
             if tokenizer is None:
                 tokenizer = _load_tokenizer(target_path, target.vocab_size)
         if isinstance(drafter, (str, Path)):

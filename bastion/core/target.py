@@ -86,3 +86,9 @@ class Target(abc.ABC):
     @property
     def num_layers(self) -> int:
         return int(self.config.num_hidden_layers)
+
+    def feature_device(self, feature_layers: tuple[int, ...] = ()) -> torch.device:
+        """The device the features of ``feature_layers`` are returned on (a drafter reading them runs
+        there). One-device targets return :attr:`device`; a target spread over devices returns the
+        device of its deepest requested layer."""
+        return self.device

@@ -150,8 +150,9 @@ class DFlashDrafter(Drafter):
                 problems.append(f"mask token id {cfg.mask_token_id} has no row in the target embedding ({emb_weight.shape[0]} rows)")
         if problems:
             raise IncompatibleComponentsError("DFlash drafter and target are incompatible: " + "; ".join(problems))
-        if self.model.device != target.device:
-            self.model = self.model.to(target.device)
+        home = target.feature_device(cfg.target_layer_ids)  # the drafter runs where its features end up
+        if self.model.device != home:
+            self.model = self.model.to(home)
         self._embed, self._head = embed, head
         self.reset()
 

@@ -344,10 +344,11 @@ class DFlashDraftModel(nn.Module):
     ) -> torch.Tensor:
         """Logits ``[N, B - 1, V]`` for mask slots 1..B-1 of blocks ``block_ids`` [N, B], using the
         target's embedding ``embed`` and lm head ``head`` (see :meth:`forward` for the other arguments)."""
-        emb = embed(block_ids)  # [N, B, H]
+        home = block_ids.device  # the target's embedding and head may sit on other devices (device_map)
+        emb = embed(block_ids.to(_module_device(embed, home))).to(home)  # [N, B, H]
         hidden = self(emb, block_positions, target_features, context_positions, context_mask, past_context)
         head_dtype = _module_dtype(head, hidden.dtype)
-        return head(hidden[:, 1:].to(head_dtype))
+        return head(hidden[:, 1:].to(device=_module_device(head, home), dtype=head_dtype))
 
     # ---------------------------------------------------------------- persistence
     def save_pretrained(self, path: str | Path) -> Path:
@@ -436,6 +437,12 @@ def _check_weight_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, 
     wrong = [f"{k}: checkpoint {found[k]} vs config {shape}" for k, shape in expected.items() if found[k] != shape]
     if wrong:
         raise IncompatibleComponentsError(f"DFlash checkpoint {path} has weights of the wrong shape: " + "; ".join(wrong))
+
+
+def _module_device(module: nn.Module, default: torch.device) -> torch.device:
+    for p in module.parameters():
+        return p.device
+    return default
 
 
 def _module_dtype(module: nn.Module, default: torch.dtype) -> torch.dtype:
