@@ -198,6 +198,15 @@ def markdown_report(run: BenchRun) -> str:
             f"max {cfg.max_new_tokens} new tokens, T = {cfg.temperature:g}, fastest of {cfg.repeats} per prompt, "
             f"device {run.meta['device']} ({run.meta['dtype']}, {run.meta['threads']} threads), {run.meta['total_s']:.0f} s"
         ),
+        *(
+            [
+                "",
+                f"Pooled over {run.meta['ranks']} ranks (torchrun): each rank measured its share of the prompts on "
+                "its own device, every speedup against ar on that same device.",
+            ]
+            if run.meta.get("ranks", 1) > 1
+            else []
+        ),
         "",
         "### Speedup over ar (same run) and acceptance length",
         "",

@@ -24,6 +24,7 @@ from bastion.core.checks import optional_positive_int, positive_int
 from bastion.core.errors import InvalidInputError
 from bastion.core.target import Target
 from bastion.core.types import GenerationResult, SamplingConfig
+from bastion.distributed import DistContext, gather_objects, shard
 
 __all__ = ["BenchConfig", "BenchRun", "LatencyFit", "QUICK", "load_prompts", "run_bench", "fit_latency"]
 
@@ -122,8 +123,11 @@ def run_bench(
     *,
     progress: bool = True,
     registry: Any = None,
-) -> BenchRun:
-    """Run ``config`` on one loaded ``target`` and ``drafter`` shared by every method."""
+    ctx: DistContext | None = None,
+) -> BenchRun | None:
+    """Run ``config`` on one loaded ``target`` and ``drafter`` shared by every method. Under torchrun
+    (``ctx`` of several ranks) each rank measures its round-robin share of the prompts on its own device
+    and rank 0 returns the pooled run (the other ranks return None)."""
     specs = tuple(parse_method(m, max_nodes=config.max_nodes, tree_options=config.tree_options) for m in config.methods)
     if not any(s.is_ar for s in specs):
         raise InvalidInputError("the methods must include 'ar': speedups are measured against it in the same run")
@@ -149,9 +153,11 @@ def run_bench(
 
     runs: list[PromptRun] = []
     names = [s.name for s in specs]
-    bar = _progress(len(prompts) * len(names) * config.repeats, progress)
+    mine = shard(range(len(prompts)), ctx) if ctx is not None else list(range(len(prompts)))
+    bar = _progress(len(mine) * len(names) * config.repeats, progress and (ctx is None or ctx.is_main))
     try:
-        for i, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        for i in mine:
+            prompt, ids = prompts[i], encoded[i]
             shift = i % len(names)
             order = names[shift:] + names[:shift]
             fastest: dict[str, GenerationResult] = {}
@@ -166,6 +172,11 @@ def run_bench(
     finally:
         bar.close()
     total_s = time.perf_counter() - t0
+    if ctx is not None and ctx.distributed:
+        pooled = _pool(runs, total_s, prompts, ctx)
+        if pooled is None:
+            return None
+        runs, total_s = pooled
 
     # keep the configured method order in every table, whatever the rotation did
     order = {n: k for k, n in enumerate(names)}
@@ -184,6 +195,7 @@ def run_bench(
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "prompts": len(prompts),
+        "ranks": ctx.world_size if ctx is not None else 1,
         "repeats": config.repeats,
         "warmup_s": warmup_s,
         "total_s": total_s,
@@ -200,6 +212,16 @@ def run_bench(
         latency_model=lat_model,
         meta=meta,
     )
+
+
+def _pool(runs: list[PromptRun], total_s: float, prompts: list[Prompt], ctx: DistContext) -> tuple[list[PromptRun], float] | None:
+    """Every rank's runs on rank 0, in prompt order, with the slowest rank's time (None elsewhere)."""
+    gathered = gather_objects((runs, total_s), ctx)
+    if gathered is None:
+        return None
+    where = {(p.dataset, p.id): k for k, p in enumerate(prompts)}
+    pooled = sorted((r for rank_runs, _ in gathered for r in rank_runs), key=lambda r: where[(r.dataset, r.prompt_id)])
+    return pooled, max(t for _, t in gathered)
 
 
 class _NoBar:

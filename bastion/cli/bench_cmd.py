@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--warmup-tokens", type=int, help="unrecorded warm-up generation per method (default 16; 0 disables)")
     p.add_argument("--tree-option", type=_tree_option, action="append", default=[], metavar="BUILDER.KEY=VALUE",
                    help="option for a tree builder, JSON value (repeatable), e.g. static.branching=[4,2,2,1]")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto; under torchrun a bare cuda is cuda:LOCAL_RANK")
     p.add_argument("--dtype", choices=CLI_DTYPES, default="float32")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="a short run: 3 prompts per dataset, 64 tokens, budgets 8,32")
@@ -104,12 +104,19 @@ def run(args: argparse.Namespace) -> int:
 
     from bastion.bench.reporting import markdown_report, write_report
     from bastion.bench.runner import run_bench
+    from bastion.distributed import setup, teardown
 
     if args.threads:
         torch.set_num_threads(args.threads)
     config = build_config(args)
-    target, drafter, tokenizer = load_pair(args.target, args.drafter, args.device, args.dtype)
-    result = run_bench(config, target, drafter, tokenizer, progress=not args.no_progress)
+    ctx = setup(args.device)  # under torchrun: one share of the prompts per rank, pooled on rank 0
+    try:
+        target, drafter, tokenizer = load_pair(args.target, args.drafter, str(ctx.device), args.dtype)
+        result = run_bench(config, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx)
+    finally:
+        teardown(ctx)
+    if result is None:  # not rank 0
+        return 0
     files = write_report(result, args.out, plots=not args.no_plots)
     sys.stdout.write(markdown_report(result))
     print(f"\nwrote {', '.join(str(f) for f in files)}", file=sys.stderr)
