@@ -200,3 +200,15 @@ def test_an_output_holding_ids_of_another_input_is_refused(pair: TinyPair, promp
     out.write_text(json.dumps({"id": "stranger", "text": "", "token_ids": []}) + "\n")
     assert main(_args(pair, prompts, out)) == 2
     assert "'stranger', which is not in the input" in capsys.readouterr().err
+
+
+def test_sampled_rows_depend_on_seed_and_line_only_not_on_batch_size_or_resume(pair: TinyPair, prompts: Path, tmp_path: Path) -> None:
+    sampled = ("--temperature", "0.9", "--seed", "3")
+    a, b, c, d = (tmp_path / f"{k}.jsonl" for k in "abcd")
+    assert main(_args(pair, prompts, a, *sampled)) == 0
+    assert main(_args(pair, prompts, b, *sampled, "--batch-size", "3")) == 0
+    c.write_text("".join(line + "\n" for line in a.read_text().splitlines()[:7]))  # a run that stopped after 7 rows
+    assert main(_args(pair, prompts, c, *sampled, "--batch-size", "5")) == 0
+    assert _stable(_read(b)) == _stable(_read(a)) == _stable(_read(c))
+    assert main(_args(pair, prompts, d, "--temperature", "0.9", "--seed", "4")) == 0
+    assert _stable(_read(d)) != _stable(_read(a))

@@ -1,7 +1,7 @@
 """Decode a whole prompt file with one pipeline per process, resumably, data parallel under torchrun.
 
 One process (``python -m bastion run``) appends each finished batch of rows to ``--output`` in input
-order. Under ``torchrun`` every rank decodes its round-robin share of the valid rows and appends them to
+order. Under ``torchrun`` every rank decodes its contiguous block of the valid rows and appends them to
 its own part file ``<output>.parts/part-RRRRR-of-WWWWW.jsonl``; once all ranks are done, rank 0 gathers
 the rows through ``torch.distributed`` (no shared file system needed), writes ``--output`` in input order
 in one atomic replace, and the part files are removed. A rerun with the same output skips every id
@@ -22,7 +22,7 @@ from attrs import field, frozen, validators
 
 from bastion.core.checks import positive_int
 from bastion.core.errors import BastionError, InvalidInputError, InvalidRowsError
-from bastion.distributed import DistContext, barrier, broadcast_object, gather_objects, shard
+from bastion.distributed import DistContext, barrier, broadcast_object, gather_objects
 from bastion.run.encode import EncodedRow, encode_rows
 from bastion.run.inputs import RowError, parse_input
 from bastion.run.journal import ResultRow, RowWriter, error_row, ok_row, read_rows, row_key, write_rows_atomic
@@ -139,6 +139,13 @@ def _positions(items: list[EncodedRow | RowError]) -> dict[str, int]:
     return pos
 
 
+def _block(items: list[Any], ctx: DistContext) -> list[Any]:
+    """This rank's contiguous block of ``items`` (sizes differ by one at most): consecutive rows keep
+    consecutive seeds in one ``generate_batch`` call (see :func:`_seed_runs`)."""
+    n = len(items)
+    return items[n * ctx.rank // ctx.world_size : n * (ctx.rank + 1) // ctx.world_size]
+
+
 def _key(item: EncodedRow | RowError) -> str:
     return f"line:{item.line}" if isinstance(item, RowError) else f"id:{item.row.key}"
 
@@ -189,24 +196,41 @@ def _batches(work: list[EncodedRow | RowError], size: int) -> Iterator[list[Enco
         yield batch
 
 
+def _seed_runs(idx: list[int], rows: list[EncodedRow], sampled: bool) -> list[list[int]]:
+    """Split ``idx`` into runs of rows on consecutive input lines when sampling: ``generate_batch`` seeds
+    its row k with ``seed + k``, so a run seeded with ``seed + first line`` gives every row the seed
+    ``seed + its line``, whatever the batch size, the rank count or the resume history."""
+    if not sampled:
+        return [idx]
+    runs: list[list[int]] = []
+    for k in idx:
+        if runs and rows[k].row.line == rows[runs[-1][-1]].row.line + 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return runs
+
+
 def _generate(pipe: Any, rows: list[EncodedRow], config: RunConfig) -> list[Any]:
     """One :class:`GenerationResult` per row, in order; rows asking for different ``max_new_tokens``
-    go to ``generate_batch`` as separate groups."""
+    go to ``generate_batch`` as separate groups, and at temperature > 0 every row is seeded with
+    ``--seed`` plus its input line."""
     results: list[Any] = [None] * len(rows)
     groups: dict[int, list[int]] = {}
     for k, row in enumerate(rows):
         groups.setdefault(row.max_new_tokens, []).append(k)
     for max_new, idx in groups.items():
-        out = pipe.generate_batch(
-            [list(rows[k].ids) for k in idx],
-            max_new_tokens=max_new,
-            temperature=config.temperature,
-            seed=config.seed + rows[idx[0]].row.line,
-            top_p=config.top_p,
-            top_k=config.top_k,
-        )
-        for k, res in zip(idx, out):
-            results[k] = res
+        for run in _seed_runs(idx, rows, config.temperature > 0):
+            out = pipe.generate_batch(
+                [list(rows[k].ids) for k in run],
+                max_new_tokens=max_new,
+                temperature=config.temperature,
+                seed=config.seed + rows[run[0]].row.line,
+                top_p=config.top_p,
+                top_k=config.top_k,
+            )
+            for k, res in zip(run, out):
+                results[k] = res
     return results
 
 
@@ -337,7 +361,7 @@ def run_prompts(
     done = _load_done(files, mine, positions, log)
 
     valid = [i for i in items if isinstance(i, EncodedRow)]
-    owned = shard(valid, ctx) + (errors if ctx.is_main else [])  # the positions this rank answers for
+    owned = _block(valid, ctx) + (errors if ctx.is_main else [])  # the positions this rank answers for
     owned.sort(key=lambda i: positions[_key(i)])
     work = [i for i in owned if isinstance(i, RowError) or _key(i) not in done]
     stats = RankStats(resumed=sum(1 for i in owned if isinstance(i, EncodedRow) and _key(i) in done))
