@@ -115,7 +115,7 @@ def parse_input(text: str) -> ParsedInput:
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as exc:
-            items.append(RowError(line_no, f"malformed JSON ({exc.msg} at column {exc.colno})"))
+            items.append(RowError(line_no, f"malformed JSON: {exc.msg} (column {exc.colno})"))
             continue
         item = _row(line_no, obj)
         if isinstance(item, InputRow):
