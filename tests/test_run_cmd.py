@@ -116,7 +116,7 @@ def test_two_gloo_ranks_under_torchrun_write_exactly_the_one_process_output(
 
 
 def test_sigkill_part_way_then_rerun_equals_an_uninterrupted_run(
-    pair: TinyPair, prompts: Path, reference: list[dict], tmp_path: Path
+    pair: TinyPair, prompts: Path, reference: list[dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out.jsonl"
     cmd = [sys.executable, "-m", "bastion", *_args(pair, prompts, out, "--batch-size", "1")]
@@ -133,6 +133,7 @@ def test_sigkill_part_way_then_rerun_equals_an_uninterrupted_run(
     done_before = out.read_bytes().count(b"\n")
     assert 3 <= done_before < N_ROWS, "the kill must land part-way"
     assert main(_args(pair, prompts, out)) == 0
+    assert f"{N_ROWS - done_before} decoded, {done_before} already done" in capsys.readouterr().err  # only the rest
     rows = _read(out)
     assert len({json.dumps(r["id"]) for r in rows}) == len(rows) == N_ROWS
     assert _stable(rows) == _stable(reference)
