@@ -284,3 +284,58 @@ def test_repeats_run_whole_rounds_and_keep_each_methods_fastest_run(pair, data_d
     assert order == ["ar", "chain"] * 3 + ["chain", "ar"] * 3  # rounds of all methods, rotated per prompt
     assert [(r.method, r.result.wall_s) for r in run.runs] == [("ar", 0.5), ("ar", 0.5), ("chain", 0.2), ("chain", 0.2)]
     assert run.meta["repeats"] == 3
+
+
+def test_temperatures_run_every_method_at_each_temperature_side_by_side(pair, data_dir: Path, tmp_path: Path) -> None:
+    from bastion.bench.reporting import write_temperatures_report
+    from bastion.bench.runner import run_bench_temperatures
+
+    cfg = BenchConfig(datasets=("gsm8k",), methods=("ar", "best-first@4", "bastion"), limit=2, max_new_tokens=8,
+                      max_nodes=8, warmup_tokens=0, repeats=1, data_dir=str(data_dir))
+    target, drafter = pair
+    runs = run_bench_temperatures(cfg, (0.0, 1.0), target, drafter, progress=False)
+    assert [r.config.temperature for r in runs] == [0.0, 1.0]
+    for r in runs:
+        assert {x.method for x in r.runs} == {"ar", "best-first@4", "bastion"} and len(r.runs) == 6
+    text, files = write_temperatures_report(runs, tmp_path, plots=True)
+    side_by_side = text.split("\n## T = ", 1)[0]  # the combined table comes before the per-temperature reports
+    header = side_by_side.split("\n| method |", 1)[1].split("\n", 1)[0]
+    assert "T=0 speedup" in header and "T=1 speedup" in header
+    rows = [line for line in side_by_side.splitlines() if line.startswith("| ")][1:]  # below the header
+    assert [r.split("|")[1].strip() for r in rows] == ["ar", "best-first@4", "bastion"]
+    assert all(r.count("|") == 2 + 3 * 2 for r in rows)  # method + 3 columns per temperature
+    for t in ("T0", "T1"):
+        assert (tmp_path / t / "results.json").exists() and (tmp_path / t / "results.md").exists()
+    assert (tmp_path / "T1" / "reliability.png") in files  # bastion calibrates: its reliability is plotted
+    with pytest.raises(InvalidInputError):
+        run_bench_temperatures(cfg, (1.0, 1.0), target, drafter, progress=False)
+
+
+def test_bastion_records_calibrated_predictions_and_ar_records_plain_steps(pair, data_dir: Path) -> None:
+    cfg = BenchConfig(datasets=("gsm8k",), methods=("ar", "bastion"), limit=1, max_new_tokens=8, warmup_tokens=0,
+                      repeats=1, temperature=1.0, data_dir=str(data_dir))
+    target, drafter = pair
+    run = run_bench(cfg, target, drafter, progress=False)
+    by = {s.method: s for s in run.stats}
+    assert by["ar"].drafted_share == 0.0 and by["ar"].reliability is None
+    ours = [st for r in run.runs if r.method == "bastion" for st in r.result.steps if st.drafted]
+    assert ours and all(st.calibrated_accept is not None for st in ours)
+    raw, cal, realized = by["bastion"].reliability
+    assert raw == pytest.approx(sum(st.predicted_accept for st in ours) / len(ours))
+    assert realized == pytest.approx(sum(st.accepted + 1 for st in ours) / len(ours))
+    assert "calibrated A_cal" in markdown_report(run)
+
+
+def test_reliability_points_are_bin_means_of_equal_step_counts() -> None:
+    from bastion.bench.plots import reliability_points
+
+    pts = reliability_points([4.0, 1.0, 2.0, 3.0], [1.0, 1.0, 2.0, 4.0], bins=2)
+    assert pts == [(1.5, 1.5, 2), (3.5, 2.5, 2)]
+    assert reliability_points([], [], bins=3) == []
+
+
+def test_cli_temperatures_flag_parses_a_list() -> None:
+    from bastion.cli.main import build_parser
+
+    args = build_parser().parse_args(["bench", "--temperatures", "0,0.7,1"])
+    assert args.temperatures == (0.0, 0.7, 1.0)

@@ -87,7 +87,7 @@ def test_adaptive_pipeline_is_lossless_and_budgets_follow_draft_confidence(setup
         target=target,
         drafter=drafter,
         tree_builder="best-first",
-        budget_controller=BastionController(rule=rule),
+        budget_controller=BastionController(rule=rule, gate=False),  # every step drafts: budgets are compared
         latency_model=planted_latency(target, online=False),
         verifier="exact",
         max_nodes=32,
@@ -109,8 +109,8 @@ def test_adaptive_pipeline_is_lossless_and_budgets_follow_draft_confidence(setup
 def test_online_roofline_learns_from_every_verify_and_stays_lossless(setup):
     target, drafter, prompt, reference = setup
     latency = planted_latency(target, online=True, min_observations=3)
-    pipe = Pipeline(
-        target=target, drafter=drafter, tree_builder="best-first", budget_controller="bastion",
+    pipe = Pipeline(  # every step drafts (plain steps feed the latency model one timing in eight)
+        target=target, drafter=drafter, tree_builder="best-first", budget_controller=BastionController(gate=False),
         latency_model=latency, verifier="exact", max_nodes=32,
     )
     res = pipe.generate(prompt, max_new_tokens=NEW, temperature=0.0, stop_on_eos=False)

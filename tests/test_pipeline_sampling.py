@@ -4,11 +4,13 @@ on an 8-token vocabulary, chi-square goodness of fit), and seeded runs are repro
 from __future__ import annotations
 
 import functools
+import random
 
 import pytest
 import torch
 
 import bastion
+from bastion.controllers import BastionController
 from bastion.core import SamplingConfig
 from bastion.core.hf_target import HFTarget
 from bastion.core.sampling import processed_log_probs
@@ -29,13 +31,13 @@ def _model():
     return model
 
 
-def _pipeline(budget: int = 4) -> bastion.Pipeline:
+def _pipeline(budget: int = 4, controller=None) -> bastion.Pipeline:
     model = _model()
     return bastion.Pipeline(
         HFTarget(model),
         NoisyOracleDrafter(model, block_size=2, noise=0.3),
         tree_builder="best-first",
-        budget_controller=bastion.registry.create("budget_controller", "fixed", budget=budget),
+        budget_controller=controller or bastion.registry.create("budget_controller", "fixed", budget=budget),
         max_nodes=budget,
     )
 
@@ -55,19 +57,37 @@ def _exact_distributions(sampling: SamplingConfig) -> tuple[torch.Tensor, torch.
     return joint12.double(), marg3.double()
 
 
+class _CoinFlipController(BastionController):
+    """Drafts or decodes plainly by a seeded coin flip each step, whatever it predicts: generations
+    switch between the two at every position, in a different pattern each run."""
+
+    def __init__(self) -> None:
+        super().__init__(min_budget=2, gate=False)
+        self._coin = random.Random(0)
+        self.flips = 0
+
+    def speculate(self) -> bool:
+        self.flips += 1
+        return self._coin.random() < 0.5
+
+
+def _switching_controller() -> BastionController:
+    return _CoinFlipController()
+
+
 @pytest.mark.parametrize(
-    "temperature,top_p,top_k",
-    [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.4, 1.0, 5)],
-    ids=["t1.0", "t0.7-topp0.9", "t1.4-topk5"],
+    "temperature,top_p,top_k,switching",
+    [(1.0, 1.0, 0, False), (0.7, 0.9, 0, False), (1.4, 1.0, 5, False), (1.0, 1.0, 0, True)],
+    ids=["t1.0", "t0.7-topp0.9", "t1.4-topk5", "t1.0-switching-to-plain"],
 )
-def test_first_tokens_follow_the_target_sampling_distribution(temperature, top_p, top_k):
+def test_first_tokens_follow_the_target_sampling_distribution(temperature, top_p, top_k, switching):
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
     joint12, marg3 = _exact_distributions(sampling)
-    pipe = _pipeline()
+    pipe = _pipeline(controller=_switching_controller() if switching else None)
     runs = 400
     c12 = torch.zeros(VOCAB, VOCAB)
     c3 = torch.zeros(VOCAB)
-    accepted = 0
+    accepted = plain = 0
     for seed in range(runs):
         res = pipe.generate(
             torch.tensor([PROMPT]), max_new_tokens=3, temperature=temperature, top_p=top_p, top_k=top_k,
@@ -77,7 +97,10 @@ def test_first_tokens_follow_the_target_sampling_distribution(temperature, top_p
         c12[t1, t2] += 1
         c3[t3] += 1
         accepted += sum(s.accepted for s in res.steps)
+        plain += sum(1 for s in res.steps if not s.drafted)
     assert accepted > runs // 10  # drafted tokens really were accepted, so the tree path is exercised
+    if switching:  # plain steps chosen by the controller emitted tokens too (not only final one-token steps)
+        assert pipe.budget_controller.flips >= runs and plain >= runs // 2
     assert_fits(c12, joint12, what="first two tokens")
     assert_fits(c3, marg3, what="third token")
 

@@ -208,6 +208,7 @@ def _ar_step(ctx: int, forward_s: float, other_s: float) -> StepRecord:
         predicted_accept=1.0,
         predicted_speedup=None,
         timings=StageTimings(verify=forward_s, other=other_s),
+        drafted=False,
     )
 
 

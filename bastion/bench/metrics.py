@@ -126,6 +126,10 @@ class MethodStats:
     equal_to_ref: int | None  # prompts whose tokens equal the reference's (None: no check / reference itself)
     predicted_accept: float | None  # mean A_hat of the verified trees
     accept_corr: float | None  # Pearson(predicted A_hat, realized tokens per step) over steps
+    drafted_share: float = 0.0  # share of steps that drafted (the rest were plain target steps)
+    #: over the steps with a calibrated prediction: mean raw A_hat, mean calibrated A_cal, mean realized
+    #: tokens per step (None when the method does not calibrate)
+    reliability: tuple[float, float, float] | None = None
 
     @property
     def stage_frac(self) -> dict[str, float]:
@@ -159,6 +163,15 @@ def _stats(method: str, dataset: str, runs: Sequence[PromptRun], ref: dict[tuple
         equal = sum(1 for r in runs if (r.dataset, r.prompt_id) in ref and ref[(r.dataset, r.prompt_id)].tokens == r.tokens)
     predicted = [s.predicted_accept for s in steps]
     realized = [float(s.accepted + 1) for s in steps]
+    calibrated = [s for s in steps if s.calibrated_accept is not None]
+    reliability = None
+    if calibrated:
+        k = len(calibrated)
+        reliability = (
+            sum(s.predicted_accept for s in calibrated) / k,
+            sum(s.calibrated_accept for s in calibrated) / k,  # type: ignore[misc]
+            sum(s.accepted + 1 for s in calibrated) / k,
+        )
     return MethodStats(
         method=method,
         dataset=dataset,
@@ -175,6 +188,8 @@ def _stats(method: str, dataset: str, runs: Sequence[PromptRun], ref: dict[tuple
         equal_to_ref=equal,
         predicted_accept=(sum(predicted) / len(predicted)) if predicted else None,
         accept_corr=pearson(predicted, realized),
+        drafted_share=(sum(1 for s in steps if s.drafted) / len(steps)) if steps else 0.0,
+        reliability=reliability,
     )
 
 

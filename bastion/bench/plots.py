@@ -10,7 +10,15 @@ from bastion.bench.methods import ADAPTIVE, AR
 from bastion.bench.metrics import ALL_DATASETS, STAGES, sweep_budget
 from bastion.bench.runner import BenchRun
 
-__all__ = ["write_plots", "plot_speedup", "plot_acceptance_vs_budget", "plot_latency_fit", "plot_stages"]
+__all__ = [
+    "write_plots",
+    "plot_speedup",
+    "plot_acceptance_vs_budget",
+    "plot_latency_fit",
+    "plot_stages",
+    "plot_reliability",
+    "reliability_points",
+]
 
 
 def _plt() -> Any:
@@ -141,6 +149,48 @@ def plot_stages(run: BenchRun, path: Path) -> Path:
     return path
 
 
+def reliability_points(
+    predicted: list[float], realized: list[float], bins: int = 10
+) -> list[tuple[float, float, int]]:
+    """(mean predicted, mean realized, steps) per bin of equal step counts, sorted by prediction."""
+    pairs = sorted(zip(predicted, realized))
+    if not pairs:
+        return []
+    bins = max(1, min(bins, len(pairs)))
+    out = []
+    for b in range(bins):
+        chunk = pairs[b * len(pairs) // bins : (b + 1) * len(pairs) // bins]
+        if chunk:
+            out.append((statistics.fmean(p for p, _ in chunk), statistics.fmean(r for _, r in chunk), len(chunk)))
+    return out
+
+
+def plot_reliability(run: BenchRun, path: Path, method: str = ADAPTIVE) -> Path | None:
+    """Reliability diagram of ``method``'s acceptance predictions over its drafted steps: mean realized
+    tokens per step against the mean prediction, in bins of equal step counts, for the raw surrogate
+    A_hat and for the calibrated A_cal the controller decided with. The diagonal is a perfect forecast."""
+    steps = [s for r in run.runs if r.method == method for s in r.result.steps if s.calibrated_accept is not None]
+    if not steps:
+        return None
+    plt = _plt()
+    realized = [float(s.accepted + 1) for s in steps]
+    raw = reliability_points([s.predicted_accept for s in steps], realized)
+    cal = reliability_points([float(s.calibrated_accept) for s in steps], realized)  # type: ignore[arg-type]
+    top = max(max(p for p, _, _ in raw), max(r for _, r, _ in raw), max(p for p, _, _ in cal), 1.5)
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    ax.plot([1, top], [1, top], color="gray", lw=0.8, ls="--", label="perfect forecast")
+    ax.plot([p for p, _, _ in raw], [r for _, r, _ in raw], "o-", color="tab:red", label="raw A_hat")
+    ax.plot([p for p, _, _ in cal], [r for _, r, _ in cal], "s-", color="tab:blue", label="calibrated A_cal")
+    ax.set_xlabel("predicted tokens per step")
+    ax.set_ylabel("realized tokens per step (bin mean)")
+    ax.set_title(f"{method}: acceptance reliability, T = {run.config.temperature:g} ({len(steps)} drafted steps)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_plots(run: BenchRun, out_dir: Path) -> list[Path]:
     """Write every plot that the run has data for; returns the files written."""
     files = [
@@ -148,5 +198,6 @@ def write_plots(run: BenchRun, out_dir: Path) -> list[Path]:
         plot_acceptance_vs_budget(run, out_dir / "acceptance_vs_budget.png"),
         plot_latency_fit(run, out_dir / "latency_fit.png"),
         plot_stages(run, out_dir / "stages.png"),
+        plot_reliability(run, out_dir / "reliability.png"),
     ]
     return [f for f in files if f is not None]

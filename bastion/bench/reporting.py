@@ -31,6 +31,9 @@ __all__ = [
     "summary_table",
     "budget_table",
     "targets_table",
+    "reliability_table",
+    "temperatures_table",
+    "write_temperatures_report",
     "to_json",
     "write_json",
     "write_csv",
@@ -54,7 +57,7 @@ def _yes_no(x: bool | None) -> str:
 
 def methods_table(stats: Sequence[MethodStats]) -> str:
     """One row per dataset x method: acceptance, throughput, speedup, budget, equality, A_hat correlation."""
-    header = ["dataset", "method", "accept len", "tok/s", "speedup", "mean N", "= ar", "A_hat corr", "prompts", "tokens"]
+    header = ["dataset", "method", "accept len", "tok/s", "speedup", "mean N", "drafted", "= ar", "A_hat corr", "prompts", "tokens"]
     rows = []
     for s in stats:
         eq = "ref" if s.method == AR else ("-" if s.equal_to_ref is None else f"{s.equal_to_ref}/{s.prompts}")
@@ -66,6 +69,7 @@ def methods_table(stats: Sequence[MethodStats]) -> str:
                 _f(s.tokens_per_s, "{:.1f}"),
                 _f(s.speedup, "{:.2f}x"),
                 _f(s.mean_budget, "{:.1f}"),
+                f"{100 * s.drafted_share:.0f}%",
                 eq,
                 _f(s.accept_corr),
                 str(s.prompts),
@@ -190,6 +194,40 @@ def budget_table(stats: Sequence[MethodStats], method: str = ADAPTIVE, buckets: 
     return _table(["dataset", "mean N", *labels], rows)
 
 
+def reliability_table(stats: Sequence[MethodStats]) -> str:
+    """Predicted against realized tokens per step for every method that calibrates (pooled datasets):
+    the raw surrogate A_hat, the calibrated A_cal the controller decided with, and what verification
+    realized, over the steps that drafted."""
+    pooled = ALL_DATASETS if any(s.dataset == ALL_DATASETS for s in stats) else (stats[0].dataset if stats else "")
+    rows = [
+        [s.method, _f(r[0]), _f(r[1]), _f(r[2]), f"{100 * s.drafted_share:.0f}%"]
+        for s in stats
+        if s.dataset == pooled and (r := s.reliability) is not None
+    ]
+    if not rows:
+        return ""
+    return _table(["method", "raw A_hat", "calibrated A_cal", "realized", "steps drafted"], rows)
+
+
+def temperatures_table(runs: Sequence[BenchRun]) -> str:
+    """Every method at every temperature side by side (all datasets pooled): speedup over ar of the same
+    temperature, acceptance length and share of steps that drafted."""
+    temps = [r.config.temperature for r in runs]
+    methods = list(dict.fromkeys(s.name for r in runs for s in r.specs))
+    header = ["method", *(f"T={t:g} {col}" for t in temps for col in ("speedup", "accept len", "drafted"))]
+    rows = []
+    for m in methods:
+        row = [m]
+        for r in runs:
+            pooled = ALL_DATASETS if any(s.dataset == ALL_DATASETS for s in r.stats) else r.stats[0].dataset
+            st = next((s for s in r.stats if s.method == m and s.dataset == pooled), None)
+            row += ["-", "-", "-"] if st is None else [
+                _f(st.speedup, "{:.2f}x"), _f(st.acceptance_length), f"{100 * st.drafted_share:.0f}%"
+            ]
+        rows.append(row)
+    return _table(header, rows)
+
+
 def markdown_report(run: BenchRun) -> str:
     cfg = run.config
     parts = [
@@ -224,6 +262,9 @@ def markdown_report(run: BenchRun) -> str:
         "",
         stages_table(run.stats),
     ]
+    rel = reliability_table(run.stats)
+    if rel:
+        parts += ["", "### Predicted against realized tokens per step (steps that drafted)", "", rel]
     hist = budget_table(run.stats)
     if hist:
         parts += ["", "### Budgets chosen by the adaptive controller (share of steps)", "", hist]
@@ -277,6 +318,8 @@ def to_json(run: BenchRun) -> dict[str, Any]:
                 "budgets": [s.budget for s in res.steps],
                 "accepted": [s.accepted for s in res.steps],
                 "predicted_accept": [round(s.predicted_accept, 5) for s in res.steps],
+                "calibrated_accept": [None if s.calibrated_accept is None else round(s.calibrated_accept, 5) for s in res.steps],
+                "drafted": [s.drafted for s in res.steps],
                 "stage_s": stage_seconds(res),
             }
         )
@@ -359,3 +402,32 @@ def write_report(run: BenchRun, out_dir: str | Path, plots: bool = True) -> list
 
         files += write_plots(run, out)
     return files
+
+
+def _temperature_dir(t: float) -> str:
+    return f"T{t:g}"
+
+
+def write_temperatures_report(runs: Sequence[BenchRun], out_dir: str | Path, plots: bool = True) -> tuple[str, list[Path]]:
+    """One full report per temperature in ``out_dir/T<t>/`` and a ``results.md`` in ``out_dir`` with every
+    method at every temperature side by side, followed by each temperature's report. Returns the
+    combined markdown and the files written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    sections = []
+    for r in runs:
+        files += write_report(r, out / _temperature_dir(r.config.temperature), plots=plots)
+        sections.append(markdown_report(r).replace("## bastion bench", f"## T = {r.config.temperature:g}:", 1))
+    first = runs[0]
+    head = (
+        f"# bastion bench at temperatures {', '.join(f'{r.config.temperature:g}' for r in runs)}: "
+        f"{len(first.prompts)} prompts x {len(first.specs)} methods, max {first.config.max_new_tokens} new tokens, "
+        f"fastest of {first.config.repeats} per prompt\n\n"
+        "Speedup over ar at the same temperature, acceptance length and share of steps that drafted, all "
+        "datasets pooled.\n\n"
+    )
+    md = head + temperatures_table(runs) + "\n\n" + "\n".join(sections)
+    path = out / "results.md"
+    path.write_text(md, encoding="utf-8")
+    return md, [path, *files]

@@ -26,7 +26,7 @@ from bastion.core.target import Target
 from bastion.core.types import GenerationResult, SamplingConfig
 from bastion.distributed import DistContext, gather_objects, shard
 
-__all__ = ["BenchConfig", "BenchRun", "LatencyFit", "QUICK", "load_prompts", "run_bench", "fit_latency"]
+__all__ = ["BenchConfig", "BenchRun", "LatencyFit", "QUICK", "load_prompts", "run_bench", "run_bench_temperatures", "fit_latency"]
 
 DEFAULT_DATASETS: tuple[str, ...] = ("gsm8k", "humaneval", "mt_bench")
 
@@ -222,6 +222,32 @@ def _pool(runs: list[PromptRun], total_s: float, prompts: list[Prompt], ctx: Dis
     where = {(p.dataset, p.id): k for k, p in enumerate(prompts)}
     pooled = sorted((r for rank_runs, _ in gathered for r in rank_runs), key=lambda r: where[(r.dataset, r.prompt_id)])
     return pooled, max(t for _, t in gathered)
+
+
+def run_bench_temperatures(
+    config: BenchConfig,
+    temperatures: Sequence[float],
+    target: Target,
+    drafter: Any,
+    tokenizer: Any = None,
+    *,
+    progress: bool = True,
+    registry: Any = None,
+    ctx: DistContext | None = None,
+) -> list[BenchRun] | None:
+    """:func:`run_bench` of ``config`` at each temperature in turn, on the same loaded models and prompts
+    (every method's decoder is built afresh per temperature, so nothing learnt at one carries over).
+    Under torchrun rank 0 returns the pooled runs and the other ranks None."""
+    temps = [float(t) for t in temperatures]
+    if not temps:
+        raise InvalidInputError("at least one temperature is needed")
+    if len(set(temps)) != len(temps):
+        raise InvalidInputError(f"temperatures repeat a value: {temps}")
+    runs = [
+        run_bench(attrs.evolve(config, temperature=t), target, drafter, tokenizer, progress=progress, registry=registry, ctx=ctx)
+        for t in temps
+    ]
+    return None if any(r is None for r in runs) else [r for r in runs if r is not None]
 
 
 class _NoBar:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from bastion.cli.parsing import csv_list, int_list
+from bastion.cli.parsing import csv_list, float_list, int_list
 from bastion.core.dtypes import CLI_DTYPES, parse_dtype
 
 
@@ -44,6 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--budgets", type=int_list, help="fixed budgets of the best-first sweep (default 4,8,16,32,64; --quick 8,32)")
     p.add_argument("--max-nodes", type=int, help="the adaptive controller's largest tree (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy, with the equality check)")
+    p.add_argument("--temperatures", type=float_list, metavar="T1,T2,...",
+                   help="run every method at each of these temperatures, side by side (e.g. 0,0.7,1); overrides --temperature")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold for every method (default 1: off)")
     p.add_argument("--top-k", type=int, default=0, help="top-k sampling for every method (default 0: off)")
     p.add_argument("--seed", type=int, default=0, help="base seed of sampled runs (prompt i uses seed + i)")
@@ -112,9 +114,25 @@ def run(args: argparse.Namespace) -> int:
     ctx = setup(args.device)  # under torchrun: one share of the prompts per rank, pooled on rank 0
     try:
         target, drafter, tokenizer = load_pair(args.target, args.drafter, str(ctx.device), args.dtype)
-        result = run_bench(config, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx)
+        if args.temperatures:
+            from bastion.bench.runner import run_bench_temperatures
+
+            runs = run_bench_temperatures(
+                config, args.temperatures, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx
+            )
+        else:
+            result = run_bench(config, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx)
     finally:
         teardown(ctx)
+    if args.temperatures:
+        if runs is None:  # not rank 0
+            return 0
+        from bastion.bench.reporting import write_temperatures_report
+
+        text, paths = write_temperatures_report(runs, args.out, plots=not args.no_plots)
+        sys.stdout.write(text)
+        print(f"\nwrote {len(paths)} files under {args.out}", file=sys.stderr)
+        return 0
     if result is None:  # not rank 0
         return 0
     files = write_report(result, args.out, plots=not args.no_plots)

@@ -6,7 +6,7 @@ import argparse
 
 from bastion.core.errors import InvalidInputError
 
-__all__ = ["csv_list", "int_list", "parse_int_list", "positive_int_list"]
+__all__ = ["csv_list", "float_list", "int_list", "parse_int_list", "positive_int_list"]
 
 
 def csv_list(text: str) -> list[str]:
@@ -39,3 +39,14 @@ def positive_int_list(text: str) -> tuple[int, ...]:
         return parse_int_list(text, low=1)
     except InvalidInputError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}") from None
+
+
+def float_list(text: str) -> tuple[float, ...]:
+    """argparse ``type=``: a non-empty list of comma-separated numbers."""
+    try:
+        values = tuple(float(t) for t in csv_list(text))
+    except ValueError:
+        values = ()
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    return values

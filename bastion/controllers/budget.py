@@ -10,22 +10,36 @@ and non-verify seconds per step. Because best-first order makes A_hat(T_n) the b
 n-node tree, scanning n is a scan over optimal trees. All candidate sizes are scored with one vectorized
 latency call.
 
-``fixed`` always verifies the same number of nodes (the baseline; ``budget=1`` with the ``chain`` builder
-is plain DFlash).
+With calibration on (the default), ``rho_i`` in A_hat is replaced by the acceptance rate an
+:class:`~bastion.controllers.calibration.AcceptanceCalibrator` learnt for such scores from what
+verification realized, so S(n) is predicted from the calibrated A_cal(T_n). With the speculation gate
+on (the default), "do not draft" is one of the choices: when the best predicted S falls below a plain
+target step's, a :class:`~bastion.controllers.gate.SpeculationGate` switches the pipeline to plain
+decoding and re-probes with a back-off.
+
+``fixed`` always verifies the same number of nodes and always drafts (the baseline; ``budget=1`` with the
+``chain`` builder is plain DFlash).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Literal
+from typing import Any, Iterable, Literal, Mapping
 
 import numpy as np
 import torch
 
+from bastion.controllers.calibration import AcceptanceCalibrator, SamplingKey, sampling_key
+from bastion.controllers.gate import SpeculationGate
 from bastion.core.checks import check_int, check_number, predict_checked
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import BudgetController, BudgetDecision, LatencyModel
+from bastion.core.running import running_mean
+from bastion.core.types import SamplingConfig, StepFeedback
 
 __all__ = ["BastionController", "BastionDecision", "FixedController"]
+
+#: weight of the newest plain step in the running mean of a plain step's non-verify seconds
+_PLAIN_OVERHEAD_EMA = 0.2
 
 Rule = Literal["scan", "first-decrease"]
 
@@ -50,14 +64,31 @@ def _check_overhead(overhead_s: float) -> float:
     return check_number("overhead_s", overhead_s)
 
 
+def _component(name: str, value: Any, cls: type) -> Any:
+    """``True`` -> ``cls()``, a mapping -> ``cls(**mapping)``, an instance as is, ``False``/``None`` -> None."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        return cls(**dict(value))
+    raise InvalidInputError(f"{name} must be a bool, a mapping of {cls.__name__} options or a {cls.__name__}, got {value!r}")
+
+
 class BastionController(BudgetController):
-    """Chooses n maximizing the predicted speedup S(n) over the allowed sizes.
+    """Chooses n maximizing the predicted speedup S(n) over the allowed sizes, or no drafting at all.
 
     ``rule="scan"`` returns the exact argmax (the smallest n among ties); ``rule="first-decrease"`` walks
     sizes upward and stops before the first one whose S is lower than its predecessor's (the paper's
     rule; equal to the scan when S is unimodal). ``min_budget`` / ``max_budget`` bound n; ``buckets``
     restricts n to a set of sizes (e.g. the sizes of captured CUDA graphs); when no bucket fits under the
     tree, the largest allowed size is used. ``extra_overhead_s`` is added to the observed overhead.
+
+    ``calibration`` (default on): an :class:`AcceptanceCalibrator`, a mapping of its options, or False to
+    predict with the raw surrogate. ``gate`` (default on): a :class:`SpeculationGate`, a mapping of its
+    options, or False to draft every step. Both are exposed as attributes (``calibrator``, ``gate``).
     """
 
     def __init__(
@@ -68,6 +99,8 @@ class BastionController(BudgetController):
         max_budget: int | None = None,
         buckets: Iterable[int] | None = None,
         extra_overhead_s: float = 0.0,
+        calibration: AcceptanceCalibrator | Mapping[str, Any] | bool = True,
+        gate: SpeculationGate | Mapping[str, Any] | bool = True,
     ) -> None:
         if rule not in ("scan", "first-decrease"):
             raise InvalidInputError(f"rule must be 'scan' or 'first-decrease', got {rule!r}")
@@ -84,7 +117,41 @@ class BastionController(BudgetController):
         else:
             self.buckets = None
         self.extra_overhead_s = _check_overhead(extra_overhead_s)
+        self.calibrator: AcceptanceCalibrator | None = _component("calibration", calibration, AcceptanceCalibrator)
+        self.gate: SpeculationGate | None = _component("gate", gate, SpeculationGate)
         self._candidates: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+        self._key: SamplingKey = sampling_key(SamplingConfig())
+        self.plain_overhead_s = 0.0  # running mean of a plain step's non-verify seconds (0 until one is seen)
+
+    # ------------------------------------------------------------------ per sequence
+    def begin(self, sampling: SamplingConfig) -> None:
+        """Select the calibration table of ``sampling`` and restart the gate (calibration persists)."""
+        self._key = sampling_key(sampling)
+        if self.gate is not None:
+            self.gate.reset()
+
+    def speculate(self) -> bool:
+        return True if self.gate is None else self.gate.should_draft()
+
+    def observe(self, outcome: StepFeedback) -> None:
+        """Learn the acceptance of the verified nodes (speculative steps) or the cost of a plain step."""
+        if not outcome.drafted:
+            self.plain_overhead_s = running_mean(self.plain_overhead_s, _check_overhead(outcome.overhead_s), _PLAIN_OVERHEAD_EMA)
+            return
+        if self.calibrator is None:
+            return
+        scores = outcome.log_scores.detach().to("cpu", torch.float64).numpy()  # [n], root first
+        accepted = np.zeros(scores.shape[0], dtype=bool)  # [n]
+        accepted[outcome.accepted_nodes.to("cpu").numpy()] = True
+        self.calibrator.observe(scores[1:], accepted[1:], self._key)
+
+    def accept_rates(self, log_scores: np.ndarray) -> np.ndarray:
+        """Per-node acceptance probabilities [n] used for A_cal (root first: 1), from log rho [n]."""
+        rates = np.exp(log_scores)
+        if self.calibrator is not None and rates.shape[0] > 1:
+            rates[1:] = self.calibrator.calibrate(log_scores[1:], self._key)
+        rates[0] = 1.0
+        return rates
 
     def candidates(self, n_max: int) -> np.ndarray:
         """Allowed sizes (ascending, int64 array) for a tree of ``n_max`` nodes."""
@@ -118,20 +185,35 @@ class BastionController(BudgetController):
         sizes, sizes_t = self._sizes(scores.shape[0])
         cand = sizes[1:]  # [N] allowed sizes, ascending
         t_verify = predict_checked(latency, sizes_t, context_len).numpy()  # [N + 1] seconds; [0] is n = 1
-        a_hat = np.cumsum(np.exp(scores))[cand - 1]  # [N] A_hat(T_n)
+        a_hat = np.cumsum(np.exp(scores))[cand - 1]  # [N] A_hat(T_n), the raw surrogate
+        a_cal = np.cumsum(self.accept_rates(scores))[cand - 1]  # [N] A_cal(T_n)
         cost = overhead + t_verify[1:]  # [N] seconds per step
-        speedup = a_hat * (t_verify[0] / cost)  # [N] S(n)
+        speedup = a_cal * (t_verify[0] / cost)  # [N] S(n)
         if self.rule == "scan":
             k = int(np.argmax(speedup))
         else:
             drops = speedup[1:] < speedup[:-1]  # drops[j]: S falls from cand[j] to cand[j + 1]
             k = int(np.argmax(drops)) if drops.any() else cand.size - 1
+        n = int(cand[k])
+        # against a plain step (no draft); drafting then verifying the root alone never beats it
+        plain = t_verify[0] / (t_verify[0] + self.plain_overhead_s)
+        gain = float(speedup[k]) / float(plain) if n > 1 else 0.0
+        if self.gate is not None:
+            self.gate.update(gain)
         return BudgetDecision(
-            int(cand[k]), float(speedup[k]), predicted_accept=float(a_hat[k]), predicted_cost_s=float(cost[k])
+            n,
+            float(speedup[k]),
+            predicted_accept=float(a_hat[k]),
+            predicted_cost_s=float(cost[k]),
+            calibrated_accept=float(a_cal[k]),
+            gain=gain,
         )
 
     def __repr__(self) -> str:
-        return f"BastionController(rule={self.rule!r}, min_budget={self.min_budget}, max_budget={self.max_budget}, buckets={self.buckets})"
+        return (
+            f"BastionController(rule={self.rule!r}, min_budget={self.min_budget}, max_budget={self.max_budget}, "
+            f"buckets={self.buckets}, calibration={self.calibrator!r}, gate={self.gate!r})"
+        )
 
 
 class FixedController(BudgetController):

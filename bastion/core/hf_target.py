@@ -267,7 +267,8 @@ class HFTarget(Target):
         dev = self.device
         tokens = tree.tokens.to(dev)  # [n]
         positions = tree.position_ids(ctx).to(dev)[None]  # [1, n]
-        mask = self._tree_mask(tree.ancestor_mask().to(dev), ctx)  # [1, 1, n, ctx + n]
+        # a lone root (a plain step) sees the whole context: the model's own causal mask says exactly that
+        mask = None if n == 1 else self._tree_mask(tree.ancestor_mask().to(dev), ctx)  # [1, 1, n, ctx + n]
         logits, features = self._forward(tokens[None], mask, positions, self._cache, feature_layers)
         self._pending = n
         return TargetOutput(logits=logits, features=features)

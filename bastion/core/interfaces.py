@@ -16,7 +16,7 @@ import torch
 from attrs import field, frozen
 
 from bastion.core.tree import Tree
-from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, Verdict
+from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, StepFeedback, Verdict
 
 if TYPE_CHECKING:
     from bastion.core.target import Target
@@ -128,14 +128,32 @@ class BudgetDecision:
     predicted_speedup: float | None = None  # S(n), predicted speedup over plain decoding
     predicted_accept: float | None = field(default=None, kw_only=True)  # A_hat(T_n)
     predicted_cost_s: float | None = field(default=None, kw_only=True)  # C(n), seconds per step
+    #: A_cal(T_n): the acceptance the controller predicted with, after calibration (None: not calibrated)
+    calibrated_accept: float | None = field(default=None, kw_only=True)
+    #: S(n) / S_plain: above 1 when this step was predicted to beat plain decoding (None: not estimated)
+    gain: float | None = field(default=None, kw_only=True)
 
 
 class BudgetController(abc.ABC):
-    """Chooses how many nodes of the best-first tree to verify this step.
+    """Chooses how many nodes of the best-first tree to verify this step, and whether to draft at all.
+
+    Life cycle per sequence: :meth:`begin` -> repeated (:meth:`speculate`, then :meth:`decide` when it
+    said yes, then :meth:`observe`). Only :meth:`choose` is required; the defaults of the others make a
+    controller that always drafts and learns nothing from outcomes.
 
     Implement :meth:`choose`; implement :meth:`decide` too when the controller predicts the speedup of
     its choice (then ``choose`` can return ``self.decide(...).n``). The pipeline calls :meth:`decide`.
     """
+
+    def begin(self, sampling: SamplingConfig) -> None:  # noqa: B027 - optional hook
+        """A sequence starts, decoded with ``sampling`` (reset per-sequence state here)."""
+
+    def speculate(self) -> bool:
+        """Whether this step drafts (True) or is a plain target step (False). Called once per step."""
+        return True
+
+    def observe(self, outcome: StepFeedback) -> None:  # noqa: B027 - optional hook
+        """What the step just verified realized (online calibration)."""
 
     @abc.abstractmethod
     def choose(

@@ -25,6 +25,7 @@ from bastion.core.interfaces import (
     Verifier,
 )
 from bastion.core.registry import Registry, registry as default_registry
+from bastion.core.running import running_mean
 from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens, seeded_generator
 from bastion.core.sync import device_sync
 from bastion.core.target import Target
@@ -36,6 +37,7 @@ from bastion.core.types import (
     Marginals,
     SamplingConfig,
     StageTimings,
+    StepFeedback,
     StepOutcome,
     StepRecord,
 )
@@ -44,6 +46,10 @@ __all__ = ["Pipeline"]
 
 #: weight of the newest step in the running mean of per-step non-verify overhead
 _OVERHEAD_EMA = 0.2
+
+#: during a run of plain steps, one verify time in this many goes to the latency model (they all time
+#: n = 1, and every observation costs the model a little bookkeeping and, now and then, a refit)
+_PLAIN_LATENCY_EVERY = 8
 
 
 def _check_instance(kind: str, obj: Any) -> Any:
@@ -111,6 +117,14 @@ class Pipeline:
                 f"drafter vocabulary ({self.drafter.vocab_size}) differs from the target's ({target.vocab_size})"
             )
         self._overhead_s = 0.0
+        self._plain_steps = 0  # consecutive plain steps so far
+        dev = target.device
+        # parents, depths and log scores of a root-only tree (the plain step)
+        self._root_only = (
+            torch.full((1,), -1, dtype=torch.long, device=dev),
+            torch.zeros(1, dtype=torch.long, device=dev),
+            torch.zeros(1, dtype=torch.float32, device=dev),
+        )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -226,6 +240,7 @@ class Pipeline:
         pre = self.target.prefill(ids, layers)
         root = int(sample_tokens(pre.logits[-1], at_position(sampling, stream, ids.shape[1]), generator))
         self.drafter.begin(DraftContext(tokens=ids[0], features=pre.features))
+        self.budget_controller.begin(sampling)
         self._sync()
         prefill_s = time.perf_counter() - t_start
 
@@ -239,7 +254,8 @@ class Pipeline:
                 break
             # a tree of depth d emits at most d + 1 tokens: never draft deeper than the tokens still wanted
             max_depth = min(room, max_new_tokens - len(out) - 1)
-            outcome = self._step(root, ctx, max_depth, sampling, generator, draft_temperature, stream)
+            drafting = max_depth >= 1 and self.budget_controller.speculate()
+            outcome = self._step(root, ctx, max_depth, sampling, generator, draft_temperature, stream, drafting=drafting)
             record, verdict = outcome.record, outcome.verdict
             emitted = list(verdict.emitted)[: max_new_tokens - len(out)]
             for i, tok in enumerate(emitted):
@@ -303,12 +319,17 @@ class Pipeline:
         generator: torch.Generator | None,
         draft_temperature: float,
         stream: PositionalStream | None = None,
+        *,
+        drafting: bool = True,
     ) -> StepOutcome:
+        """One decode step: speculative (draft, build, decide n, verify) when ``drafting`` and there is
+        room to draft, else plain (the target alone verifies the root: one token, no draft)."""
         layers = self.drafter.feature_layers
         t0 = time.perf_counter()
         decision: BudgetDecision | None = None
-        if max_depth < 1:  # one token left to emit (or no position left to draft into): a plain target step
-            tree = Tree.from_parents(torch.tensor([root], device=self.target.device), [-1])
+        drafting = drafting and max_depth >= 1  # one token left to emit or no position to draft into: plain
+        if not drafting:
+            tree = Tree(torch.tensor([root], device=self.target.device), *self._root_only)
             n = 1
             t1 = t2 = t3 = time.perf_counter()
         else:
@@ -337,25 +358,42 @@ class Pipeline:
         t5 = time.perf_counter()
         nodes = verdict.accepted_nodes
         self.target.commit(nodes)
-        self.drafter.commit(tree.tokens[nodes], None if out.features is None else out.features[nodes])
+        if drafting:
+            self.drafter.commit(tree.tokens[nodes], None if out.features is None else out.features[nodes])
+        else:  # the drafter stays current from the features the plain forward already produced
+            self.drafter.commit(tree.tokens, out.features)
         self._sync()
         t6 = time.perf_counter()
-        self.latency_model.observe(n, ctx, t4 - t3)
+        self._plain_steps = 0 if drafting else self._plain_steps + 1
+        # plain steps all time n = 1: the first of a run and then one in _PLAIN_LATENCY_EVERY will do
+        if drafting or (self._plain_steps - 1) % _PLAIN_LATENCY_EVERY == 0:
+            self.latency_model.observe(n, ctx, t4 - t3)
         non_verify = (t3 - t0) + (t6 - t4)
-        self._overhead_s = non_verify if not self._overhead_s else (
-            (1 - _OVERHEAD_EMA) * self._overhead_s + _OVERHEAD_EMA * non_verify
+        self.budget_controller.observe(
+            StepFeedback(
+                drafted=drafting,
+                log_scores=tree.log_scores,
+                accepted_nodes=nodes,
+                context_len=ctx,
+                verify_s=t4 - t3,
+                overhead_s=non_verify,
+            )
         )
+        if drafting:  # the controller's overhead is a speculative step's: plain steps do not dilute it
+            self._overhead_s = running_mean(self._overhead_s, non_verify, _OVERHEAD_EMA)
         t7 = time.perf_counter()
         record = StepRecord(
             budget=n,
             accepted=verdict.num_accepted,
             emitted=verdict.num_accepted + 1,
             context_len=ctx,
-            predicted_accept=tree.accept_score(),
+            predicted_accept=tree.accept_score() if drafting else 1.0,
             predicted_speedup=None if decision is None else decision.predicted_speedup,
             timings=StageTimings(
                 draft=t1 - t0, tree=t2 - t1, controller=t3 - t2, verify=t4 - t3, accept=t5 - t4, commit=t6 - t5, other=t7 - t6
             ),
+            calibrated_accept=None if decision is None else decision.calibrated_accept,
+            drafted=drafting,
         )
         return StepOutcome(record=record, verdict=verdict)
 

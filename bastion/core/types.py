@@ -26,6 +26,7 @@ __all__ = [
     "StageTimings",
     "StepRecord",
     "StepOutcome",
+    "StepFeedback",
     "GenerationResult",
 ]
 
@@ -224,6 +225,33 @@ class StepRecord:
     predicted_accept: float  # A_hat(T_n) = sum of rho over the verified tree (root included)
     predicted_speedup: float | None  # the controller's S(n) estimate, when it provides one
     timings: StageTimings
+    #: the controller's calibrated prediction of tokens per step for the verified tree (None: the
+    #: controller does not calibrate); compare with ``accepted + 1``, the realized value
+    calibrated_accept: float | None = None
+    #: False for a plain step: the target alone decoded one token, nothing was drafted
+    drafted: bool = True
+
+
+@frozen
+class StepFeedback:
+    """What a budget controller learns after each step (:meth:`BudgetController.observe`).
+
+    For a speculative step, ``log_scores`` are the verified tree's log rho in node order (root first) and
+    ``accepted_nodes`` the accepted path; a plain step verified the root alone. Seconds are wall times of
+    the step: ``verify_s`` the target forward, ``overhead_s`` everything else (drafting included).
+    """
+
+    drafted: bool
+    log_scores: torch.Tensor = field(eq=False)  # [n] log rho of the verified nodes, root first
+    accepted_nodes: torch.Tensor = field(eq=False)  # [m] node indices of the accepted path, root first
+    context_len: int
+    verify_s: float
+    overhead_s: float
+
+    @property
+    def accepted(self) -> int:
+        """Drafted tokens accepted (the bonus token excluded)."""
+        return int(self.accepted_nodes.shape[0]) - 1
 
 
 @frozen
@@ -260,4 +288,9 @@ class GenerationResult:
     @property
     def mean_budget(self) -> float:
         return sum(s.budget for s in self.steps) / len(self.steps) if self.steps else 0.0
+
+    @property
+    def drafted_share(self) -> float:
+        """Share of decode steps that drafted (the rest were plain target steps)."""
+        return sum(1 for s in self.steps if s.drafted) / len(self.steps) if self.steps else 0.0
 

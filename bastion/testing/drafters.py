@@ -19,7 +19,7 @@ from bastion.core.interfaces import Drafter
 from bastion.core.sampling import seeded_generator
 from bastion.core.types import DraftContext, DraftStep, Marginals
 
-__all__ = ["NoisyOracleDrafter"]
+__all__ = ["NoisyOracleDrafter", "PlantedDrafter"]
 
 
 class NoisyOracleDrafter(Drafter):
@@ -128,3 +128,84 @@ class NoisyOracleDrafter(Drafter):
         if self._feature_dim is not None and features.shape[1] != self._feature_dim:
             raise IncompatibleComponentsError(f"expected {self._feature_dim} feature columns, got {features.shape[1]}")
         self.features_seen += rows
+
+
+class PlantedDrafter(Drafter):
+    """Marginals with planted confidence and planted correctness over a known token sequence.
+
+    Parameters
+    ----------
+    sequence:
+        The prompt followed by the target's greedy continuation: at context length ``c`` the right token
+        at depth ``k`` is ``sequence[c + k]`` (valid while decoding greedily along that sequence).
+    vocab_size:
+        V, the target's vocabulary size.
+    block_size:
+        K, the number of depths proposed per step.
+    accept_rate:
+        Probability that the top token at a depth is the right one (drawn per context length and depth
+        from ``seed``, so the same positions get the same draws in every run).
+    confidence:
+        Probability the marginals give the top token (the rest is spread evenly over the other allowed
+        tokens). A wrong top token comes with the right token excluded, so it can never be accepted.
+    """
+
+    def __init__(
+        self,
+        sequence: list[int],
+        vocab_size: int,
+        *,
+        block_size: int = 6,
+        accept_rate: float = 1.0,
+        confidence: float = 0.95,
+        seed: int = 0,
+    ) -> None:
+        if not isinstance(block_size, int) or block_size < 1:
+            raise InvalidInputError(f"block_size must be an int >= 1, got {block_size!r}")
+        if not 0.0 <= accept_rate <= 1.0 or not 0.0 < confidence < 1.0:
+            raise InvalidInputError(f"need 0 <= accept_rate <= 1 and 0 < confidence < 1, got {accept_rate!r}, {confidence!r}")
+        if vocab_size < 3:
+            raise InvalidInputError("PlantedDrafter needs a vocabulary of at least 3 tokens")
+        self.sequence = [int(t) for t in sequence]
+        self._vocab = int(vocab_size)
+        self.block_size = block_size
+        self.accept_rate = float(accept_rate)
+        self.confidence = float(confidence)
+        self.seed = int(seed)
+        self.proposals = 0  # propose() calls (drafting steps) since the last reset
+        self.committed = 0  # positions committed since begin (prompt included)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    def reset(self) -> None:
+        self.proposals = 0
+        self.committed = 0
+
+    def begin(self, context: DraftContext) -> None:
+        self.reset()
+        self.committed = int(context.tokens.shape[0])
+
+    def commit(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
+        self.committed += int(tokens.shape[0])
+
+    def propose(self, step: DraftStep) -> Marginals:
+        if step.context_len != self.committed:
+            raise InvalidInputError(f"drafter holds {self.committed} committed positions, the step says {step.context_len}")
+        self.proposals += 1
+        k, v = self.block_size, self._vocab
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step.context_len)
+        right = torch.rand(k, generator=gen) < self.accept_rate  # [K] planted correctness per depth
+        shift = torch.randint(1, v, (k,), generator=gen)  # [K] offsets of the wrong tokens
+        probs = torch.empty(k, v)  # [K, V]
+        for d in range(k):
+            pos = step.context_len + d + 1
+            truth = self.sequence[pos] if pos < len(self.sequence) else 0
+            top = truth if bool(right[d]) else (truth + int(shift[d])) % v
+            allowed = v - 1 if bool(right[d]) else v - 2  # a wrong top token excludes the right one
+            probs[d].fill_((1.0 - self.confidence) / allowed)
+            if not bool(right[d]):
+                probs[d, truth] = 0.0
+            probs[d, top] = self.confidence
+        return Marginals.from_logits(probs.log(), temperature=step.temperature)

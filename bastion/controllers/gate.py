@@ -1,0 +1,125 @@
+"""When drafting does not pay, do not draft: a small per-sequence (or per-batch) switch with back-off.
+
+Every step is either *speculative* (draft, build a tree, verify n nodes) or *plain* (one target forward
+on the last token, the target alone). The switch learns nothing by itself; after each speculative step
+the controller reports the step's **gain**, its best predicted speedup over a plain step:
+
+    gain = max_n S_cal(n) / S_plain,    S_plain = L_AR / (L_AR + plain overhead)
+
+where ``S_cal`` is the speedup predicted from the calibrated acceptance, drafting and every other
+overhead included, and a step whose best tree is the root alone counts as no gain (drafting and then
+verifying one token is never faster than not drafting). The rule:
+
+- keep a running gain ``G`` over speculative steps: ``G <- (1 - smoothing) * G + smoothing * gain``,
+  restarted from the probe's own gain at every probe;
+- while ``G > margin`` keep speculating; when it falls to ``margin`` or below, switch to plain decoding
+  for ``backoff`` steps (starting at ``min_backoff``);
+- after those plain steps, **probe**: draft one step again. If the probe pays, speculation resumes and
+  the back-off returns to ``min_backoff``; if not, the back-off grows by ``growth`` (up to
+  ``max_backoff``) and plain decoding continues.
+
+With a drafter that never pays, drafting is limited to the probes: at most one step in
+``max_backoff + 1`` in the long run. With one that always pays, the switch never turns off.
+
+The gate holds per-sequence state only: call :meth:`reset` at the start of each sequence. A batched
+decoder keeps one gate for the whole batch and calls :meth:`should_draft` once per batched step.
+"""
+
+from __future__ import annotations
+
+import math
+
+from bastion.core.checks import check_int, check_number
+from bastion.core.errors import InvalidInputError
+
+__all__ = ["SpeculationGate"]
+
+
+class SpeculationGate:
+    """Speculate-or-plain switch with exponential back-off between probes (see the module doc).
+
+    Parameters
+    ----------
+    margin:
+        Speculation continues while the running gain exceeds this (1.0: break-even with plain decoding;
+        ``inf`` never trusts speculation, so only the probes draft).
+    smoothing:
+        Weight of the newest step in the running gain (1.0: decide on the last step alone).
+    min_backoff, max_backoff:
+        Plain steps before the first probe, and the cap of the growing back-off.
+    growth:
+        Factor applied to the back-off after each probe that did not pay.
+    """
+
+    def __init__(
+        self,
+        *,
+        margin: float = 1.0,
+        smoothing: float = 0.5,
+        min_backoff: int = 4,
+        max_backoff: int = 64,
+        growth: float = 2.0,
+    ) -> None:
+        if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin == math.inf):
+            margin = check_number("margin", margin)  # a finite margin >= 0, or inf (never trust speculation)
+        smoothing = check_number("smoothing", smoothing, strict=True)
+        if smoothing > 1:
+            raise InvalidInputError(f"smoothing must be in (0, 1], got {smoothing!r}")
+        min_backoff = check_int("min_backoff", min_backoff)
+        max_backoff = check_int("max_backoff", max_backoff)
+        if max_backoff < min_backoff:
+            raise InvalidInputError(f"max_backoff ({max_backoff}) is below min_backoff ({min_backoff})")
+        growth = check_number("growth", growth, low=1.0)
+        self.margin = float(margin)
+        self.smoothing = float(smoothing)
+        self.min_backoff = min_backoff
+        self.max_backoff = max_backoff
+        self.growth = float(growth)
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new sequence: speculate on the first step (it is the first probe)."""
+        self.speculating = True  # False: plain decoding, waiting for the next probe
+        self.backoff = self.min_backoff  # plain steps before the next probe once switched off
+        self.wait = 0  # plain steps left before the next probe
+        self.gain: float | None = None  # running gain over speculative steps
+        self._probing = True
+        self.probes = 0  # speculative steps taken while switched off (the first step counts)
+        self.plain_steps = 0
+
+    def should_draft(self) -> bool:
+        """Whether this step drafts; call exactly once per step (it counts the plain steps)."""
+        if self.speculating:
+            return True
+        if self.wait > 0:
+            self.wait -= 1
+            self.plain_steps += 1
+            return False
+        self._probing = True
+        return True
+
+    def update(self, gain: float) -> None:
+        """Report the gain of the speculative step just decided (see the module doc)."""
+        gain = float(gain) if math.isfinite(gain) else 0.0
+        if self._probing:
+            self.probes += 1
+            self.gain = gain
+        else:
+            self.gain = gain if self.gain is None else (1 - self.smoothing) * self.gain + self.smoothing * gain
+        pays = self.gain > self.margin
+        if pays:
+            self.speculating = True
+            self.backoff = self.min_backoff
+        elif self._probing and not self.speculating:  # a probe that did not pay: wait longer next time
+            self.backoff = min(self.max_backoff, max(self.backoff + 1, int(math.ceil(self.backoff * self.growth))))
+            self.wait = self.backoff
+        else:  # speculation stopped paying: plain decoding until the first probe
+            self.speculating = False
+            self.wait = self.backoff
+        self._probing = False
+
+    def __repr__(self) -> str:
+        return (
+            f"SpeculationGate(margin={self.margin}, smoothing={self.smoothing}, min_backoff={self.min_backoff}, "
+            f"max_backoff={self.max_backoff}, growth={self.growth})"
+        )

@@ -1,0 +1,134 @@
+"""Plain decoding as one of the controller's choices: lossless while switching, probes only with a drafter
+that never pays, never off with one that always pays, calibrated predictions that match what verification
+realizes."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+import bastion
+from bastion.controllers import BastionController
+from bastion.core.hf_target import HFTarget
+from bastion.testing.drafters import NoisyOracleDrafter, PlantedDrafter
+from bastion.testing import FixedLatencyModel
+from bastion.testing.reference import greedy_reference
+from bastion.testing.tiny import tiny_model
+
+NEW = 24
+#: forces a switch every step or two: probe, 1 plain step, probe, 2 plain steps, probe, ...
+SWITCHING = dict(margin=math.inf, min_backoff=1, max_backoff=2)
+
+
+@functools.lru_cache(maxsize=None)
+def _model(arch: str):
+    return tiny_model(arch, seed={"qwen3": 0, "llama": 1}[arch])
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_greedy(arch: str, prompt: tuple[int, ...], new: int) -> list[int]:
+    """Hugging Face ``generate``, greedy, stopping at EOS like the pipeline's default."""
+    with torch.no_grad():
+        out = _model(arch).generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new, min_new_tokens=0)
+    return out[0, len(prompt) :].tolist()
+
+
+@functools.lru_cache(maxsize=None)
+def _greedy_through_eos(prompt: tuple[int, ...], new: int) -> list[int]:
+    """The target's own greedy continuation, EOS or not (one uncached forward per token)."""
+    return greedy_reference(_model("qwen3"), torch.tensor([prompt]), new)
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (2, 9, 23)]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_greedy_output_equals_hf_generate_while_switching_between_drafting_and_plain_steps(arch):
+    model = _model(arch)
+    drafter = NoisyOracleDrafter(model, block_size=5, noise=0.6, feature_layers=(0, 1))
+    ctrl = BastionController(min_budget=3, gate=SWITCHING)
+    pipe = bastion.Pipeline(HFTarget(model), drafter, budget_controller=ctrl, max_nodes=12)
+    for prompt in _prompts(len(arch)):
+        res = pipe.generate(torch.tensor([prompt]), max_new_tokens=NEW, temperature=0.0)
+        assert res.tokens == _hf_greedy(arch, tuple(prompt), NEW)
+        kinds = [s.drafted for s in res.steps]
+        switches = sum(a != b for a, b in zip(kinds, kinds[1:]))
+        assert switches >= 4, kinds  # really switched back and forth mid-generation
+        assert any(s.accepted > 0 for s in res.steps if s.drafted)
+        # the drafter received the target features of every committed position, plain steps included
+        assert drafter.features_seen == len(prompt) + len(res.tokens) - 1
+
+
+def test_demo_pair_with_switching_is_lossless_and_keeps_the_dflash_context_current():
+    pipe = bastion.Pipeline.demo(budget_controller=BastionController(gate=SWITCHING, min_budget=4))
+    ids = pipe.encode("Natalia sold clips to 48 of her friends in April. How many clips did she sell?")
+    res = pipe.generate(ids, max_new_tokens=40, temperature=0.0)
+    with torch.no_grad():
+        ref = pipe.target.model.generate(ids, do_sample=False, max_new_tokens=40, min_new_tokens=0)[0, ids.shape[1] :]
+    assert res.tokens == ref.tolist() and len(res.tokens) > 20
+    assert {s.drafted for s in res.steps} == {True, False}
+    # every committed position reached the drafter's context: prompt + every token but the pending root
+    assert pipe.drafter.cached_positions + pipe.drafter._pending_len == ids.shape[1] + len(res.tokens) - 1
+    # the drafter still drafts well after plain steps: its context is the real one
+    assert sum(s.accepted for s in res.steps if s.drafted) > 0
+
+
+def _planted_pipeline(accept_rate: float, confidence: float, prompt: list[int], new: int, **ctrl_kw):
+    model = _model("qwen3")
+    sequence = prompt + _greedy_through_eos(tuple(prompt), new)
+    drafter = PlantedDrafter(sequence, 256, block_size=6, accept_rate=accept_rate, confidence=confidence)
+    ctrl = BastionController(**ctrl_kw)
+    # 5 s per forward plus 1 s per verified token: the real milliseconds of overhead cannot sway a choice,
+    # so the decisions follow from acceptance alone, the same on a busy machine as on an idle one
+    latency = FixedLatencyModel(base_s=5.0, per_token_s=1.0, per_context_s=0.0)
+    pipe = bastion.Pipeline(HFTarget(model), drafter, budget_controller=ctrl, latency_model=latency, max_nodes=24)
+    return pipe, drafter, ctrl
+
+
+def test_an_always_wrong_drafter_drafts_on_probes_only_and_costs_about_one_forward_per_token():
+    prompt, new = [5, 17, 99, 3], 160
+    pipe, drafter, ctrl = _planted_pipeline(0.0, 0.99, prompt, new)
+    first = pipe.generate(torch.tensor([prompt]), max_new_tokens=new, temperature=0.0, stop_on_eos=False)
+    assert first.tokens == _greedy_through_eos(tuple(prompt), new)
+    assert all(s.accepted == 0 for s in first.steps)
+    # learning that the drafter is useless takes a few steps, then only probes draft
+    assert drafter.proposals <= 10, [s.drafted for s in first.steps]
+    again = pipe.generate(torch.tensor([prompt]), max_new_tokens=new, temperature=0.0, stop_on_eos=False)
+    drafted = [i for i, s in enumerate(again.steps) if s.drafted]
+    assert drafted == [i for i in drafted if i in (0, 5, 14, 31, 64, 129)]  # the probe schedule, nothing else
+    assert len(drafted) == ctrl.gate.probes
+    # cost counted in work, not time: target nodes per token and draft calls per token
+    verified = sum(s.budget for s in again.steps)
+    assert verified / len(again.tokens) <= 1.1
+    assert drafter.proposals / len(again.tokens) <= 0.05
+
+
+def test_a_perfect_drafter_never_switches_off():
+    prompt, new = [8, 1, 200, 45, 6], 80
+    pipe, drafter, ctrl = _planted_pipeline(1.0, 0.99, prompt, new)
+    for _ in range(2):
+        res = pipe.generate(torch.tensor([prompt]), max_new_tokens=new, temperature=0.0, stop_on_eos=False)
+        assert res.tokens == _greedy_through_eos(tuple(prompt), new)
+        # every step drafts (a final one-token step has nothing to draft into)
+        assert all(s.drafted for s in res.steps[:-1]), [s.drafted for s in res.steps]
+        assert ctrl.gate.plain_steps == 0
+        assert res.acceptance_length > 4
+
+
+def test_calibrated_prediction_converges_to_the_realized_acceptance_of_an_over_confident_drafter():
+    prompt, new = [9, 4, 77, 120], 300
+    pipe, _, ctrl = _planted_pipeline(0.5, 0.95, prompt, new, gate=False)
+    res = pipe.generate(torch.tensor([prompt]), max_new_tokens=new, temperature=0.0, stop_on_eos=False)
+    assert res.tokens == _greedy_through_eos(tuple(prompt), new)
+    late = [s for s in res.steps[len(res.steps) // 3 :] if s.calibrated_accept is not None]
+    assert len(late) > 40
+    realized = sum(s.accepted + 1 for s in late) / len(late)
+    calibrated = sum(s.calibrated_accept for s in late) / len(late)
+    raw = sum(s.predicted_accept for s in late) / len(late)
+    assert abs(calibrated - realized) / realized < 0.15, (calibrated, realized, raw)
+    assert raw / realized > 1.4  # the planted over-confidence the calibration corrects

@@ -1,0 +1,94 @@
+"""The speculation gate: speculate while it pays, plain decoding with a growing back-off between probes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bastion.controllers import SpeculationGate
+from bastion.core.errors import InvalidInputError
+
+
+def run(gate: SpeculationGate, gains, steps: int) -> list[bool]:
+    """Drive the gate for ``steps`` steps; each drafted step reports the next gain of ``gains``."""
+    it = iter(gains)
+    drafted = []
+    for _ in range(steps):
+        d = gate.should_draft()
+        drafted.append(d)
+        if d:
+            gate.update(next(it))
+    return drafted
+
+
+def test_a_gate_that_always_pays_never_switches_off():
+    gate = SpeculationGate()
+    assert all(run(gate, iter(lambda: 3.0, None), 500))
+    assert gate.plain_steps == 0
+
+
+def test_a_gate_that_never_pays_drafts_only_on_probes_with_a_doubling_backoff():
+    gate = SpeculationGate(min_backoff=4, max_backoff=64, growth=2.0)
+    drafted = run(gate, iter(lambda: 0.5, None), 300)
+    where = [i for i, d in enumerate(drafted) if d]
+    # first step, then 4, 8, 16, 32, 64, 64 plain steps between probes
+    assert where == [0, 5, 14, 31, 64, 129, 194, 259]
+    assert gate.probes == len(where)
+    assert gate.plain_steps == 300 - len(where)
+
+
+@given(
+    min_backoff=st.integers(1, 8),
+    extra=st.integers(0, 64),
+    growth=st.floats(1.0, 4.0),
+    steps=st.integers(1, 2000),
+)
+def test_drafting_share_without_gain_is_bounded_by_the_backoff_schedule(min_backoff, extra, growth, steps):
+    max_backoff = min_backoff + extra
+    gate = SpeculationGate(min_backoff=min_backoff, max_backoff=max_backoff, growth=growth)
+    drafted = sum(run(gate, iter(lambda: 0.0, None), steps))
+    # each probe is followed by at least min_backoff plain steps, and eventually by max_backoff
+    assert drafted <= 1 + steps // (min_backoff + 1)
+    assert drafted <= math.ceil(steps / (max_backoff + 1)) + (max_backoff - min_backoff + 1)
+
+
+def test_a_paying_probe_resumes_speculation_and_resets_the_backoff():
+    gate = SpeculationGate(min_backoff=2, max_backoff=16, smoothing=1.0)
+    drafted = run(gate, iter([0.5, 0.5, 2.0, 2.0, 0.5, 0.5]), 14)
+    T, F = True, False
+    # fails -> 2 plain; probe fails -> 4 plain; probe pays -> speculate; fails -> 2 plain (back-off reset)
+    assert drafted == [T, F, F, T, F, F, F, F, T, T, T, F, F, T]
+
+
+def test_smoothing_keeps_one_bad_step_from_switching_off():
+    gate = SpeculationGate(smoothing=0.5)
+    drafted = run(gate, iter([4.0, 4.0, 0.9, 4.0, 4.0]), 5)
+    assert drafted == [True] * 5
+    sharp = SpeculationGate(smoothing=1.0)
+    assert run(sharp, iter([4.0, 4.0, 0.9, 4.0]), 4) == [True, True, True, False]
+
+
+def test_infinite_margin_forces_plain_decoding_between_probes():
+    gate = SpeculationGate(margin=math.inf, min_backoff=1, max_backoff=1)
+    assert run(gate, iter(lambda: 1e9, None), 8) == [True, False] * 4
+
+
+def test_reset_starts_a_sequence_speculating():
+    gate = SpeculationGate()
+    run(gate, iter(lambda: 0.0, None), 20)
+    assert not gate.speculating
+    gate.reset()
+    assert gate.should_draft() and gate.speculating and gate.plain_steps == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(margin=-1.0), dict(margin=math.nan), dict(smoothing=0.0), dict(smoothing=1.5), dict(min_backoff=0),
+     dict(min_backoff=8, max_backoff=4), dict(growth=0.5), dict(max_backoff=2.5)],
+)
+def test_bad_gate_parameters_raise_invalid_input(kwargs):
+    with pytest.raises(InvalidInputError):
+        SpeculationGate(**kwargs)
