@@ -59,12 +59,17 @@ class _KVBuffer:
             buf[:, :, : self.length] = old[:, :, : self.length]
         return buf
 
-    def view(self) -> ContextKV | None:
+    def view(self, spare: int = 0) -> ContextKV | None:
+        """The committed keys/values; with ``spare`` > 0, views that also span ``spare`` scratch slots
+        after them (storage grows if needed) for the step's block to be written into in place."""
         if not self.length:
             return None
-        return ContextKV(
-            tuple(k[:, :, : self.length] for k in self._keys), tuple(v[:, :, : self.length] for v in self._values)
-        )
+        end = self.length + spare
+        if spare and end > self._keys[0].shape[2]:
+            cap = max(end, 2 * self._keys[0].shape[2])
+            self._keys = [self._grow(k, k, cap) for k in self._keys]
+            self._values = [self._grow(v, v, cap) for v in self._values]
+        return ContextKV(tuple(k[:, :, :end] for k in self._keys), tuple(v[:, :, :end] for v in self._values), tail=spare)
 
 
 class DFlashDrafter(Drafter):
@@ -201,7 +206,7 @@ class DFlashDrafter(Drafter):
             embed=self._embed,
             head=self._head,
             block_positions=positions,
-            past_context=self._cache.view(),
+            past_context=self._cache.view(spare=self.block_size),
         )[0]  # [K, V]
         return Marginals.from_logits(logits[:k].float(), temperature=step.temperature)
 

@@ -146,18 +146,32 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 @frozen
 class ContextKV:
-    """Per-layer keys/values of context positions (rope applied): what an inference cache stores."""
+    """Per-layer keys/values of context positions (rope applied): what an inference cache stores.
 
-    keys: tuple[torch.Tensor, ...] = field(converter=tuple, eq=False)  # per layer [N, h_kv, C, D]
-    values: tuple[torch.Tensor, ...] = field(converter=tuple, eq=False)  # per layer [N, h_kv, C, D]
+    ``tail`` > 0 marks preallocated storage: each tensor holds ``C + tail`` slots of which the last
+    ``tail`` are scratch. A forward whose block fits there writes the block's keys/values into those
+    slots in place and attends over the first ``C + S``, so no step concatenates or copies the context.
+    """
+
+    keys: tuple[torch.Tensor, ...] = field(converter=tuple, eq=False)  # per layer [N, h_kv, C (+ tail), D]
+    values: tuple[torch.Tensor, ...] = field(converter=tuple, eq=False)  # per layer [N, h_kv, C (+ tail), D]
+    tail: int = 0
 
     @property
     def length(self) -> int:
-        return int(self.keys[0].shape[2]) if self.keys else 0
+        return int(self.keys[0].shape[2]) - self.tail if self.keys else 0
+
+    def without_tail(self) -> "ContextKV":
+        if not self.tail:
+            return self
+        c = self.length
+        return ContextKV(tuple(k[:, :, :c] for k in self.keys), tuple(v[:, :, :c] for v in self.values))
 
     def append(self, other: "ContextKV") -> "ContextKV":
         if not self.keys:
             return other
+        if self.tail:
+            return self.without_tail().append(other)
         return ContextKV(
             tuple(torch.cat([a, b], dim=2) for a, b in zip(self.keys, other.keys)),
             tuple(torch.cat([a, b], dim=2) for a, b in zip(self.values, other.values)),
@@ -192,21 +206,25 @@ class DFlashAttention(nn.Module):
         x: torch.Tensor,  # [N, S, H] block hidden states
         cos: torch.Tensor,  # [N, S, D] at block positions
         sin: torch.Tensor,
-        ctx_k: torch.Tensor,  # [Nc, h_kv, C, D], Nc in {1, N}
+        ctx_k: torch.Tensor,  # [Nc, h_kv, C + tail, D], Nc in {1, N}
         ctx_v: torch.Tensor,
         mask: torch.Tensor | None,  # [N, 1, S, C + S] bool (True = visible) or None
+        tail: int = 0,  # scratch slots after the C context slots of ctx_k / ctx_v
     ) -> torch.Tensor:
         n, s, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(n, s, self.n_heads, self.head_dim)).transpose(1, 2)  # [N, h, S, D]
         q = _apply_rope(q, cos, sin)
         k_blk, v_blk = self.kv(x, cos, sin)  # [N, h_kv, S, D]
-        k = torch.cat([ctx_k.expand(n, -1, -1, -1), k_blk], dim=2)  # [N, h_kv, C + S, D]
-        v = torch.cat([ctx_v.expand(n, -1, -1, -1), v_blk], dim=2)
-        if self.n_kv != self.n_heads:
-            rep = self.n_heads // self.n_kv
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)  # [N, h, S, D]
+        c = ctx_k.shape[2] - tail
+        if tail >= s and ctx_k.shape[0] == n and not torch.is_grad_enabled():
+            # the block's keys/values go into the scratch slots in place: no copy of the context
+            ctx_k[:, :, c : c + s] = k_blk
+            ctx_v[:, :, c : c + s] = v_blk
+            k, v = ctx_k[:, :, : c + s], ctx_v[:, :, : c + s]  # [N, h_kv, C + S, D] views
+        else:
+            k = torch.cat([ctx_k[:, :, :c].expand(n, -1, -1, -1), k_blk], dim=2)  # [N, h_kv, C + S, D]
+            v = torch.cat([ctx_v[:, :, :c].expand(n, -1, -1, -1), v_blk], dim=2)
+        out = _grouped_attention(q, k, v, mask, self.head_dim**-0.5)  # [N, h, S, D]
         return self.o_proj(out.transpose(1, 2).reshape(n, s, self.n_heads * self.head_dim))
 
 
@@ -230,8 +248,8 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):  # type: ignore[no-untyped-def]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, tail=0):  # type: ignore[no-untyped-def]
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask, tail)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -327,7 +345,7 @@ class DFlashDraftModel(nn.Module):
         cos, sin = self.rotary(_batch_positions(block_positions, n), x.dtype)  # [N, S, D]
         mask = _attention_mask(context_mask, n, s, ctx.length, x.device)
         for layer, k, v in zip(self.layers, ctx.keys, ctx.values):
-            x = layer(x, cos, sin, k, v, mask)
+            x = layer(x, cos, sin, k, v, mask, ctx.tail)
         return self.norm(x)
 
     def block_logits(
@@ -437,6 +455,22 @@ def _check_weight_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, 
     wrong = [f"{k}: checkpoint {found[k]} vs config {shape}" for k, shape in expected.items() if found[k] != shape]
     if wrong:
         raise IncompatibleComponentsError(f"DFlash checkpoint {path} has weights of the wrong shape: " + "; ".join(wrong))
+
+
+def _grouped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Attention of ``q`` [N, h, S, D] over ``k`` / ``v`` [N, h_kv, L, D] where query head ``j`` reads
+    key head ``j // (h / h_kv)``. The query heads sharing a key head are folded into the query axis
+    ([N, h_kv, rep * S, D]), so the keys and values are never repeated or copied."""
+    n, h, s, d = q.shape
+    rep = h // k.shape[1]
+    if rep == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    qg = q.reshape(n, k.shape[1], rep * s, d)  # [N, h_kv, rep * S, D]
+    mg = None if mask is None else mask.repeat(1, 1, rep, 1)  # [N, 1, rep * S, L]
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mg, scale=scale)  # [N, h_kv, rep * S, D]
+    return out.reshape(n, h, s, d)
 
 
 def _module_device(module: nn.Module, default: torch.device) -> torch.device:

@@ -1,0 +1,66 @@
+"""Lean DFlash drafting: grouped-query attention without key/value copies, and block keys written into
+the context cache's scratch tail instead of concatenating the context every step."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from bastion.core.hf_target import HFTarget
+from bastion.core.types import DraftContext, DraftStep
+from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel, DFlashDrafter
+from bastion.drafters.dflash.model import _grouped_attention
+from bastion.testing.tiny import tiny_model
+
+
+def test_grouped_attention_equals_attention_over_repeated_key_heads() -> None:
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 8, 5, 16, generator=gen)  # [N, h, S, D]
+    k = torch.randn(3, 2, 11, 16, generator=gen)  # [N, h_kv, L, D]
+    v = torch.randn(3, 2, 11, 16, generator=gen)
+    mask = torch.rand(3, 1, 5, 11, generator=gen) > 0.3
+    mask[..., -5:] = True  # every query sees the block
+    ref = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), attn_mask=mask, scale=0.25)
+    torch.testing.assert_close(_grouped_attention(q, k, v, mask, 0.25), ref, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        _grouped_attention(q, k, v, None, 0.25),
+        F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), scale=0.25),
+        atol=1e-6, rtol=1e-5,
+    )
+
+
+def _reference_block_logits(model: DFlashDraftModel, target: HFTarget, feats: torch.Tensor, root: int, block: int):  # type: ignore[no-untyped-def]
+    """The draft logits recomputed from all committed features with no cache (the plain path)."""
+    ids = torch.full((1, block), model.config.mask_token_id)
+    ids[0, 0] = root
+    c = feats.shape[0]
+    with torch.no_grad():
+        return model.block_logits(
+            feats[None], ids, embed=target.input_embeddings(), head=target.output_head(),
+            block_positions=torch.arange(c, c + block),
+        )[0, : block - 1]
+
+
+def test_cached_drafting_with_a_scratch_tail_equals_recomputation_step_after_step() -> None:
+    torch.manual_seed(4)
+    target = HFTarget(tiny_model("qwen3", seed=1))
+    cfg = DFlashConfig.for_target(target.config, num_layers=2, block_size=6, target_layer_ids=(0, 1), mask_token_id=255)
+    model = DFlashDraftModel(cfg).eval()
+    drafter = DFlashDrafter(model, device="cpu", dtype=torch.float32)
+    drafter.bind(target)
+    prompt = torch.randint(0, 200, (1, 7))
+    feats = target.prefill(prompt, (0, 1)).features  # [7, F]
+    drafter.begin(DraftContext(tokens=prompt[0], features=feats))
+    storage = None
+    for step in range(6):
+        root = 10 + step
+        got = drafter.propose(DraftStep(root_token=root, context_len=feats.shape[0]))
+        want = torch.log_softmax(_reference_block_logits(model, target, feats, root, 6).float(), -1)
+        torch.testing.assert_close(got.log_probs, want, atol=1e-5, rtol=1e-5)
+        ptr = drafter._cache._keys[0].data_ptr()
+        if step >= 2:  # capacity covers context + block: the storage is reused, not reallocated per step
+            assert ptr == storage
+        storage = ptr
+        new = torch.randn(1 + step % 3, feats.shape[1])  # the step's root and accepted nodes
+        drafter.commit(torch.arange(new.shape[0]), new)
+        feats = torch.cat([feats, new])
