@@ -213,3 +213,27 @@ def test_sampled_rows_depend_on_seed_and_line_only_not_on_batch_size_or_resume(p
     assert _stable(_read(b)) == _stable(_read(a)) == _stable(_read(c))
     assert main(_args(pair, prompts, d, "--temperature", "0.9", "--seed", "4")) == 0
     assert _stable(_read(d)) != _stable(_read(a))
+
+
+def test_part_files_left_by_a_killed_multi_rank_launch_are_resumed_by_one_process(
+    pair: TinyPair, prompts: Path, reference: list[dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bastion.run import part_path
+
+    out = tmp_path / "out.jsonl"
+    half = N_ROWS // 2
+    for rank, rows in ((0, reference[:4]), (1, reference[half : half + 5])):  # what two ranks had written
+        part = part_path(out, rank, 2)
+        part.parent.mkdir(exist_ok=True)
+        part.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"id": "torn', encoding="utf-8")
+    assert main(_args(pair, prompts, out)) == 0
+    assert f"{N_ROWS - 9} decoded, 9 already done" in capsys.readouterr().err
+    assert _stable(_read(out)) == _stable(reference)
+    assert not part_path(out, 0, 2).parent.exists()
+
+
+def test_an_empty_input_is_a_clear_error(pair: TinyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    assert main(_args(pair, empty, tmp_path / "out.jsonl")) == 2
+    assert "holds no rows" in capsys.readouterr().err

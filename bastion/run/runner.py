@@ -349,6 +349,8 @@ def run_prompts(
         default_max_new_tokens=config.max_new_tokens,
         raw=config.raw,
     )
+    if not items:
+        raise InvalidInputError(f"input {config.input} holds no rows (one JSON object per line)")
     errors = [i for i in items if isinstance(i, RowError)]
     if errors and config.on_error == "stop":
         raise InvalidRowsError(
