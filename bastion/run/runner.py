@@ -437,7 +437,10 @@ def _merge(
     if not config.to_stdout:
         own = part_path(config.output, ctx.rank, ctx.world_size)
         stray = [f for f in files if f != Path(config.output) and f != own] if ctx.is_main else []
-        _remove([own, *stray], _parts_dir(config.output) if ctx.is_main else None)
+        _remove([own, *stray], None)
+        barrier(ctx)  # every rank has removed its part: rank 0 removes the folder
+        if ctx.is_main:
+            _remove([], _parts_dir(config.output))
     return final
 
 
