@@ -1,6 +1,7 @@
 """Hugging Face causal LM as a bastion :class:`~bastion.core.target.Target`.
 
-The adapter owns one ``DynamicCache`` of committed tokens. A tree forward appends all ``n`` tree nodes
+The adapter owns one ``DynamicCache`` of committed tokens whose layers are preallocated and filled in
+place (:mod:`bastion.core.kv_slab`). A tree forward appends all ``n`` tree nodes
 to that cache under a 4D attention mask (context fully visible, tree part ancestor-only) with positions
 ``context_len + depth``; :meth:`HFTarget.commit` then moves the ``m`` accepted entries into the slots right
 after the context and drops the rest. Only ``m`` entries per layer move, so the commit cost does not grow
@@ -18,6 +19,7 @@ import torch
 from bastion.core.checks import check_device
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.files import check_weights_folder
+from bastion.core.kv_slab import slab_cache
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import TargetOutput
@@ -241,10 +243,8 @@ class HFTarget(Target):
             raise InvalidInputError("input_ids is empty: the prompt needs at least one token")
         if length > self._max_positions:
             raise InvalidInputError(f"prompt has {length} tokens; the target accepts at most {self._max_positions} positions")
-        from transformers import DynamicCache
-
         self.reset()
-        cache = DynamicCache(config=self.model.config)
+        cache = slab_cache(self.model.config)  # preallocated: a step copies only its own new entries
         ids = input_ids.to(self.device, torch.long)
         # decoding needs only the last position's logits: [L, V] for a long prompt on a large vocabulary
         # would be gigabytes (9.7 GB at 32k tokens on 152k), so the head runs on the last position only

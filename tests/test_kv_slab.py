@@ -1,0 +1,44 @@
+"""The preallocated cache layer behaves like transformers' DynamicLayer, but fills storage in place."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from bastion.core.hf_target import HFTarget
+from bastion.core.kv_slab import SlabLayer
+from bastion.core.tree import Tree
+from bastion.testing.tiny import tiny_model
+
+
+def test_slab_layer_matches_dynamic_layer_under_random_updates_and_crops() -> None:
+    rng = random.Random(0)
+    gen = torch.Generator().manual_seed(0)
+    slab, plain = SlabLayer(), DynamicLayer()
+    for _ in range(60):
+        if rng.random() < 0.7 or plain.get_seq_length() == 0:
+            n = rng.randint(1, 300)  # sometimes past the spare capacity: storage must grow
+            k, v = torch.randn(1, 2, n, 8, generator=gen), torch.randn(1, 2, n, 8, generator=gen)
+            got, want = slab.update(k, v), plain.update(k, v)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        else:
+            drop = -rng.randint(1, plain.get_seq_length())
+            slab.crop(drop)
+            plain.crop(drop)
+        assert slab.get_seq_length() == plain.get_seq_length()
+        assert torch.equal(slab.keys, plain.keys) and torch.equal(slab.values, plain.values)
+
+
+def test_target_verify_steps_reuse_the_cache_storage_instead_of_copying_the_context() -> None:
+    target = HFTarget(tiny_model("qwen3", seed=0))
+    target.prefill(torch.randint(3, 200, (1, 40)))
+    layer = target.cache.layers[0]
+    assert isinstance(layer, SlabLayer)
+    storage = layer.keys.data_ptr()
+    for step in range(20):
+        tree = Tree.from_parents(torch.randint(3, 200, (5,)), [-1, 0, 0, 1, 3])
+        target.forward_tree(tree)
+        target.commit(torch.tensor([0, 1, 3]) if step % 2 else torch.tensor([0]))
+        assert layer.keys.data_ptr() == storage  # same slab: no per-step concatenation of the context
