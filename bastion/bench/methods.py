@@ -18,6 +18,7 @@ from typing import Any, Mapping, Protocol
 import torch
 from attrs import field, frozen
 
+from bastion.core.checks import check_int
 from bastion.core.errors import InvalidInputError
 from bastion.core.pipeline import Pipeline
 from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
@@ -145,8 +146,7 @@ class ARDecoder:
         top_k: int = 0,
         stop_on_eos: bool = True,
     ) -> GenerationResult:
-        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise InvalidInputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens)
         if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
             raise InvalidInputError(f"input_ids must be a non-empty LongTensor [1, L], got {tuple(input_ids.shape)}")
         sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
