@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 from attrs import field, frozen
@@ -42,18 +43,9 @@ class ModelCost:
     def from_config(cls, config: Any, dtype: Any = None) -> "ModelCost":
         """Read the shape from a Hugging Face config (object or dict). ``dtype`` overrides the config's
         ``dtype`` / ``torch_dtype``; float32 when neither says."""
-        shape = DecoderShape.from_config(config, purpose="the roofline cost model")
-        return cls(
-            num_layers=shape.num_layers,
-            hidden_size=shape.hidden_size,
-            num_heads=shape.num_heads,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            intermediate_size=shape.intermediate_size,
-            vocab_size=shape.vocab_size,
-            bytes_per_param=dtype_bytes(dtype if dtype is not None else shape.dtype or torch.float32),
-            model_type=shape.model_type,
-        )
+        shape = attrs.asdict(DecoderShape.from_config(config, purpose="the roofline cost model"))
+        config_dtype = shape.pop("dtype")  # the shape's fields are ModelCost's, bar the dtype
+        return cls(**shape, bytes_per_param=dtype_bytes(dtype if dtype is not None else config_dtype or torch.float32))
 
     # ------------------------------------------------------------------ parameter counts
     @property
