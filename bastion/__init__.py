@@ -1,8 +1,9 @@
 """bastion: lossless, budget-aware tree speculative decoding for Hugging Face causal LMs."""
 
+from bastion import hf
 from bastion.core.pipeline import Pipeline
 from bastion.core.registry import registry
 
 __version__ = "0.1.0"
 
-__all__ = ["Pipeline", "registry", "__version__"]
+__all__ = ["Pipeline", "hf", "registry", "__version__"]

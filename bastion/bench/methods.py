@@ -7,7 +7,10 @@ Method names (``--methods``):
 - ``static``: a fixed EAGLE-style topology (the ``static`` tree builder), every node verified;
 - ``best-first@N``: the best-first tree truncated to a fixed budget of N nodes (DDTree); any registered
   tree builder works as ``NAME@N`` (fixed budget) or ``NAME`` (every node it builds);
-- ``bastion``: the best-first tree with the adaptive ``bastion`` budget controller.
+- ``bastion``: the best-first tree with the adaptive ``bastion`` budget controller;
+- ``BUILDER@CONTROLLER``: any registered tree builder with any registered budget controller (e.g.
+  ``static@bastion`` or a plugin's ``my-builder@my-controller``); each component takes the options the
+  benchmark holds for its name.
 """
 
 from __future__ import annotations
@@ -66,42 +69,55 @@ def parse_method(
     *,
     max_nodes: int = 64,
     tree_options: Mapping[str, Mapping[str, Any]] | None = None,
+    controller_options: Mapping[str, Mapping[str, Any]] | None = None,
     known_trees: tuple[str, ...] | None = None,
+    known_controllers: tuple[str, ...] | None = None,
 ) -> MethodSpec:
     """Turn a method name (see the module doc) into a :class:`MethodSpec`.
 
-    ``max_nodes`` is the adaptive controller's N_max; ``tree_options`` maps a tree builder name to the
-    options it is created with (e.g. the static topology); ``known_trees`` are the registered builder
-    names (looked up in the registry when None).
+    ``max_nodes`` is the adaptive controllers' N_max; ``tree_options`` / ``controller_options`` map a
+    tree builder / controller name to the options it is created with (e.g. the static topology);
+    ``known_trees`` / ``known_controllers`` are the registered names (looked up in the registry when None).
     """
     name = name.strip()
     opts = tree_options or {}
+    copts = controller_options or {}
     if not name:
         raise InvalidInputError("empty method name")
     if name == AR:
         return MethodSpec(AR, None)
     if name == ADAPTIVE:
-        return MethodSpec(ADAPTIVE, "best-first", controller="bastion", tree_options=dict(opts.get("best-first", {})), max_nodes=max_nodes)
-    if known_trees is None:
-        from bastion import registry
+        return MethodSpec(ADAPTIVE, "best-first", controller="bastion", tree_options=dict(opts.get("best-first", {})),
+                          controller_options=dict(copts.get("bastion", {})), max_nodes=max_nodes)
+    from bastion import registry
 
+    if known_trees is None:
         known_trees = tuple(registry.names("tree_builder"))
-    tree, sep, budget_s = name.partition("@")
+    tree, sep, suffix = name.partition("@")
     if tree not in known_trees:
         raise InvalidInputError(
             f"unknown method {name!r}: use ar, bastion, or a tree builder ({', '.join(known_trees) or 'none registered'}) "
-            "optionally with @N for a fixed budget of N nodes"
+            "optionally with @N for a fixed budget of N nodes or @CONTROLLER for a registered budget controller"
         )
     if not sep:
         return MethodSpec(name, tree, controller="full", tree_options=dict(opts.get(tree, {})), max_nodes=_UNBOUNDED_NODES)
-    try:
-        budget = int(budget_s)
-    except ValueError:
-        raise InvalidInputError(f"method {name!r}: the budget after '@' must be an integer") from None
-    if budget < 1:
-        raise InvalidInputError(f"method {name!r}: the budget must be >= 1")
+    if suffix.lstrip("-").isdigit():
+        budget = int(suffix)
+        if budget < 1:
+            raise InvalidInputError(f"method {name!r}: the budget must be >= 1")
+        return MethodSpec(
+            name, tree, controller="fixed", controller_options={"budget": budget}, tree_options=dict(opts.get(tree, {})), max_nodes=budget
+        )
+    if known_controllers is None:
+        known_controllers = tuple(registry.names("budget_controller"))
+    if suffix not in known_controllers:
+        raise InvalidInputError(
+            f"method {name!r}: after '@' give an integer budget or a budget controller "
+            f"({', '.join(known_controllers) or 'none registered'})"
+        )
     return MethodSpec(
-        name, tree, controller="fixed", controller_options={"budget": budget}, tree_options=dict(opts.get(tree, {})), max_nodes=budget
+        name, tree, controller=suffix, controller_options=dict(copts.get(suffix, {})), tree_options=dict(opts.get(tree, {})),
+        max_nodes=max_nodes,
     )
 
 
@@ -213,9 +229,18 @@ def _ar_step(ctx: int, forward_s: float, other_s: float) -> StepRecord:
 
 
 def build_decoder(
-    spec: MethodSpec, target: Target, drafter: Any, tokenizer: Any = None, registry: Any = None
+    spec: MethodSpec,
+    target: Target,
+    drafter: Any,
+    tokenizer: Any = None,
+    registry: Any = None,
+    *,
+    latency_model: str = "roofline",
+    verifier: str = "exact",
+    component_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Decoder:
-    """The decoder of ``spec`` over the shared ``target`` and ``drafter`` instances."""
+    """The decoder of ``spec`` over the shared ``target`` and ``drafter`` instances; ``latency_model``
+    and ``verifier`` are registered names, created with ``component_options[kind]``."""
     if spec.is_ar:
         return ARDecoder(target)
     from bastion import registry as default_registry
@@ -229,9 +254,10 @@ def build_decoder(
         drafter=drafter,
         tree_builder=tree,
         budget_controller=controller,
-        latency_model="roofline",
-        verifier="exact",
+        latency_model=latency_model,
+        verifier=verifier,
         max_nodes=spec.max_nodes,
         tokenizer=tokenizer,
+        component_options={k: v for k, v in (component_options or {}).items() if k in ("latency_model", "verifier")},
         registry=reg,
     )

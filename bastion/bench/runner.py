@@ -48,7 +48,11 @@ class BenchConfig:
     warmup_tokens: int = field(default=16, validator=attrs.validators.ge(0))  # per method, first prompt, unrecorded
     repeats: int = field(default=3, validator=positive_int)  # runs per (prompt, method); the fastest is kept
     data_dir: str | None = None
-    tree_options: Mapping[str, Mapping[str, Any]] = field(factory=dict)
+    tree_options: Mapping[str, Mapping[str, Any]] = field(factory=dict)  # tree builder name -> options
+    controller_options: Mapping[str, Mapping[str, Any]] = field(factory=dict)  # budget controller name -> options
+    latency_model: str = "roofline"
+    verifier: str = "exact"
+    component_options: Mapping[str, Mapping[str, Any]] = field(factory=dict)  # "latency_model" / "verifier" -> options
 
     @methods.validator
     def _check_methods(self, _a: attrs.Attribute, value: tuple[str, ...]) -> None:
@@ -124,17 +128,26 @@ def run_bench(
     progress: bool = True,
     registry: Any = None,
     ctx: DistContext | None = None,
+    prompts: Sequence[Prompt] | None = None,
 ) -> BenchRun | None:
     """Run ``config`` on one loaded ``target`` and ``drafter`` shared by every method. Under torchrun
     (``ctx`` of several ranks) each rank measures its round-robin share of the prompts on its own device
-    and rank 0 returns the pooled run (the other ranks return None)."""
-    specs = tuple(parse_method(m, max_nodes=config.max_nodes, tree_options=config.tree_options) for m in config.methods)
+    and rank 0 returns the pooled run (the other ranks return None). ``prompts``: already loaded with
+    :func:`load_prompts` (e.g. checked before the models were loaded)."""
+    specs = tuple(
+        parse_method(m, max_nodes=config.max_nodes, tree_options=config.tree_options, controller_options=config.controller_options)
+        for m in config.methods
+    )
     if not any(s.is_ar for s in specs):
         raise InvalidInputError("the methods must include 'ar': speedups are measured against it in the same run")
     if config.template not in ("auto", "chat", "plain"):
         raise InvalidInputError(f"template must be auto, chat or plain, got {config.template!r}")
-    decoders: dict[str, Decoder] = {s.name: build_decoder(s, target, drafter, tokenizer, registry) for s in specs}
-    prompts = load_prompts(config)
+    decoders: dict[str, Decoder] = {
+        s.name: build_decoder(s, target, drafter, tokenizer, registry, latency_model=config.latency_model,
+                              verifier=config.verifier, component_options=config.component_options)
+        for s in specs
+    }
+    prompts = list(prompts) if prompts is not None else load_prompts(config)
     style: TemplateStyle = config.template  # type: ignore[assignment]
     room = target.max_positions - config.max_new_tokens - 1
     if room < 1:
@@ -234,6 +247,7 @@ def run_bench_temperatures(
     progress: bool = True,
     registry: Any = None,
     ctx: DistContext | None = None,
+    prompts: Sequence[Prompt] | None = None,
 ) -> list[BenchRun] | None:
     """:func:`run_bench` of ``config`` at each temperature in turn, on the same loaded models and prompts
     (every method's decoder is built afresh per temperature, so nothing learnt at one carries over).
@@ -244,7 +258,8 @@ def run_bench_temperatures(
     if len(set(temps)) != len(temps):
         raise InvalidInputError(f"temperatures repeat a value: {temps}")
     runs = [
-        run_bench(attrs.evolve(config, temperature=t), target, drafter, tokenizer, progress=progress, registry=registry, ctx=ctx)
+        run_bench(attrs.evolve(config, temperature=t), target, drafter, tokenizer, progress=progress, registry=registry, ctx=ctx,
+                  prompts=prompts)
         for t in temps
     ]
     return None if any(r is None for r in runs) else [r for r in runs if r is not None]

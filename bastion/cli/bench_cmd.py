@@ -3,25 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from bastion.cli.options import add_component_arguments, add_model_arguments, add_verbose_argument, component_choices
 from bastion.cli.parsing import csv_list, float_list, int_list
-from bastion.core.dtypes import CLI_DTYPES, parse_dtype
-
-
-def _tree_option(text: str) -> tuple[str, str, Any]:
-    """``BUILDER.KEY=VALUE`` with a JSON value (plain strings allowed)."""
-    key, sep, raw = text.partition("=")
-    builder, dot, opt = key.partition(".")
-    if not sep or not dot or not builder or not opt:
-        raise argparse.ArgumentTypeError(f"expected BUILDER.KEY=VALUE (e.g. static.branching=[4,2,1]), got {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw
-    return builder, opt, value
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -34,15 +20,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "Without --target/--drafter the embedded demo pair is used."
         ),
     )
-    p.add_argument("--target", help="target model: local directory or hub id (default: the demo pair)")
-    p.add_argument("--drafter", help="drafter: registered name, DFlash checkpoint dir or hub id (default: the demo pair)")
     p.add_argument("--datasets", type=csv_list, help="comma-separated NAME[=PATH|hf:ID] (default gsm8k,humaneval,mt_bench)")
     p.add_argument("--data-dir", help="directory holding gsm8k/, humaneval/, mt_bench/ (default $BASTION_DATA_DIR, ./data or ../shared/data)")
     p.add_argument("--limit", type=int, help="prompts per dataset (default 10; --quick 3)")
     p.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default 128; --quick 64)")
-    p.add_argument("--methods", type=csv_list, help="comma-separated methods: ar, chain, static, NAME@N, bastion (default: all, sweep from --budgets)")
+    p.add_argument("--methods", type=csv_list,
+                   help="comma-separated methods: ar, bastion, BUILDER (every node), BUILDER@N (fixed budget) or "
+                        "BUILDER@CONTROLLER (any registered pair) (default: ar,chain,static, the --budgets sweep, bastion)")
     p.add_argument("--budgets", type=int_list, help="fixed budgets of the best-first sweep (default 4,8,16,32,64; --quick 8,32)")
-    p.add_argument("--max-nodes", type=int, help="the adaptive controller's largest tree (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy, with the equality check)")
     p.add_argument("--temperatures", type=float_list, metavar="T1,T2,...",
                    help="run every method at each of these temperatures, side by side (e.g. 0,0.7,1); overrides --temperature")
@@ -52,15 +37,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--template", choices=("auto", "chat", "plain"), default="auto", help="prompt template style")
     p.add_argument("--repeats", type=int, help="runs per prompt and method, the fastest kept (default 3; --quick 1)")
     p.add_argument("--warmup-tokens", type=int, help="unrecorded warm-up generation per method (default 16; 0 disables)")
-    p.add_argument("--tree-option", type=_tree_option, action="append", default=[], metavar="BUILDER.KEY=VALUE",
-                   help="option for a tree builder, JSON value (repeatable), e.g. static.branching=[4,2,2,1]")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto; under torchrun a bare cuda is cuda:LOCAL_RANK")
-    p.add_argument("--dtype", choices=CLI_DTYPES, default="float32")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="a short run: 3 prompts per dataset, 64 tokens, budgets 8,32")
     p.add_argument("--out", default="bench-results", help="output directory (default ./bench-results)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_model_arguments(p)
+    add_component_arguments(p)
+    add_verbose_argument(p)
     p.set_defaults(func=run)
     return p
 
@@ -75,29 +59,34 @@ def build_config(args: argparse.Namespace) -> Any:
         kw["methods"] = default_methods(args.budgets)
     if args.methods is not None:
         kw["methods"] = tuple(args.methods)
-    for name in ("datasets", "limit", "max_new_tokens", "max_nodes", "warmup_tokens", "repeats", "data_dir"):
+    for name in ("datasets", "limit", "max_new_tokens", "warmup_tokens", "repeats", "data_dir"):
         value = getattr(args, name)
         if value is not None:
             kw[name] = tuple(value) if name == "datasets" else value
-    tree_options: dict[str, dict[str, Any]] = {}
-    for builder, key, value in args.tree_option:
-        tree_options.setdefault(builder, {})[key] = value
-    return BenchConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, template=args.template, tree_options=tree_options, **kw)
+    choices = component_choices(args)
+    if args.tree_builder is not None or args.budget_controller is not None or args.budget is not None:
+        # an explicitly chosen builder / controller joins the comparison as BUILDER@CONTROLLER
+        pair = f"{choices['tree_builder'].name}@{choices['budget_controller'].name}"
+        methods = tuple(kw.get("methods", default_methods()))
+        kw["methods"] = methods if pair in methods else (*methods, pair)
+    return BenchConfig(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, template=args.template,
+        max_nodes=args.max_nodes, tree_options=choices["tree_builder"].options,
+        controller_options=choices["budget_controller"].options,
+        latency_model=choices["latency_model"].name, verifier=choices["verifier"].name,
+        component_options={k: choices[k].options_for() for k in ("latency_model", "verifier") if choices[k].options_for()},
+        **kw,
+    )
 
 
-def load_pair(target: str | None, drafter: str | None, device: str, dtype: str) -> tuple[Any, Any, Any]:
+def load_pair(args: argparse.Namespace, device: Any = None) -> tuple[Any, Any, Any]:
     """(target, drafter, tokenizer), loaded once and shared by every method."""
+    from bastion.cli.options import build_pipeline
     from bastion.core.errors import InvalidInputError
-    from bastion.core.pipeline import Pipeline
 
-    if (target is None) != (drafter is None):
+    if args.target is not None and args.drafter is None:
         raise InvalidInputError("give both --target and --drafter, or neither (the demo pair)")
-    if target is None:
-        from bastion.demo import demo_paths
-
-        paths = demo_paths()
-        target, drafter = str(paths.target), str(paths.drafter)
-    pipe = Pipeline.from_pretrained(target, drafter, device=device, dtype=parse_dtype(dtype))
+    pipe = build_pipeline(args, device=device, components=False)
     return pipe.target, pipe.drafter, pipe.tokenizer
 
 
@@ -105,23 +94,29 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from bastion.bench.reporting import markdown_report, write_report
-    from bastion.bench.runner import run_bench
+    from bastion.bench.runner import load_prompts, run_bench
+    from bastion.cli.options import configure_output
     from bastion.distributed import setup, teardown
 
+    configure_output(args.verbose)
     if args.threads:
         torch.set_num_threads(args.threads)
     config = build_config(args)
+    prompts = load_prompts(config)  # a missing data file fails before any model loads
+    if config.repeats == 1:
+        print("note: one round per prompt (--quick or --repeats 1): timings are noisy; use --repeats 3 or more "
+              "for figures you report", file=sys.stderr)
     ctx = setup(args.device)  # under torchrun: one share of the prompts per rank, pooled on rank 0
     try:
-        target, drafter, tokenizer = load_pair(args.target, args.drafter, str(ctx.device), args.dtype)
+        target, drafter, tokenizer = load_pair(args, device=ctx.device)
         if args.temperatures:
             from bastion.bench.runner import run_bench_temperatures
 
             runs = run_bench_temperatures(
-                config, args.temperatures, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx
+                config, args.temperatures, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx, prompts=prompts
             )
         else:
-            result = run_bench(config, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx)
+            result = run_bench(config, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx, prompts=prompts)
     finally:
         teardown(ctx)
     if args.temperatures:

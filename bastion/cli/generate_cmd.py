@@ -1,40 +1,84 @@
 """``bastion generate``: decode one prompt with a BASTION pipeline (default: the embedded demo pair).
 
-Prints the generated text, then one summary line: new tokens, mean acceptance length (tokens committed
-per target forward), tokens/s and, with ``--compare-ar``, the speedup over a plain autoregressive run
-of the same target on the same prompt.
+The text streams to stdout as decode steps commit; one summary line goes to stderr: new tokens, mean
+acceptance length (tokens committed per target forward), tokens/s and, with ``--compare-ar``, the
+speedup over a plain autoregressive run of the same target on the same prompt. ``--json`` prints one
+JSON object (text, tokens and statistics) instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
-from bastion.cli.options import add_model_options, build_pipeline
+from bastion.cli.options import add_model_options, build_pipeline, configure_output
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "generate",
         help="generate text for one prompt (default: the embedded demo pair)",
-        description="Decode one prompt with BASTION. Without --target/--drafter the embedded demo pair is used.",
+        description=(
+            "Decode one prompt with BASTION, streaming the text to stdout and the statistics to stderr. "
+            "Without --target/--drafter the embedded demo pair is used."
+        ),
     )
-    p.add_argument("--prompt", required=True, help="the prompt text")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text ('-' reads it from stdin)")
+    src.add_argument("--prompt-file", help="read the prompt from this file ('-' for stdin)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (temperature > 0)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--raw", action="store_true", help="feed the prompt as it is (no chat template)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop where TEXT first appears (repeatable; the text ends before it)")
+    tmpl = p.add_mutually_exclusive_group()
+    tmpl.add_argument("--chat", dest="template", action="store_const", const="chat",
+                      help="wrap the prompt in the tokenizer's chat template (default when it has one)")
+    tmpl.add_argument("--raw", dest="template", action="store_const", const="raw",
+                      help="feed the prompt as it is (no chat template)")
+    p.set_defaults(template="auto")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, statistics) instead of streaming")
     p.add_argument("--compare-ar", action="store_true", help="also decode autoregressively and report the speedup")
     add_model_options(p)
     p.set_defaults(func=run)
     return p
 
 
-def _encode(tokenizer: Any, prompt: str, raw: bool) -> list[int]:
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt text from --prompt (``-``: stdin) or --prompt-file (``-``: stdin)."""
+    from bastion.core.errors import InvalidInputError
+
+    if args.prompt is not None and args.prompt != "-":
+        text = args.prompt
+    elif args.prompt == "-" or args.prompt_file == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise InvalidInputError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror or exc}") from None
+    if not text.strip():
+        raise InvalidInputError("the prompt is empty")
+    return text
+
+
+def encode_prompt(pipe: Any, prompt: str, template: str) -> Any:
+    """Token ids [1, L] of ``prompt``: through the chat template (``chat``, or ``auto`` when the tokenizer
+    has one) or as it is (``raw``)."""
+    import torch
+
+    from bastion.core.errors import InvalidInputError
+    from bastion.core.chat import has_chat_template
     from bastion.run.encode import prompt_ids
 
-    return prompt_ids(tokenizer, prompt, raw=raw)
+    if template == "chat" and pipe.tokenizer is not None and not has_chat_template(pipe.tokenizer):
+        raise InvalidInputError("--chat: the tokenizer has no chat template; use --raw")
+    return torch.tensor([prompt_ids(pipe.tokenizer, prompt, raw=template == "raw")], dtype=torch.long)
 
 
 def summary_line(result: Any, ar_result: Any = None) -> str:
@@ -47,25 +91,61 @@ def summary_line(result: Any, ar_result: Any = None) -> str:
         ar_tps = ar_result.tokens_per_second
         parts.append(f"ar_tok/s={ar_tps:.1f}")
         parts.append(f"speedup={result.tokens_per_second / ar_tps:.2f}x" if ar_tps > 0 else "speedup=n/a")
-        if result.tokens == ar_result.tokens:
-            parts.append("output=identical to AR")
-        else:
-            parts.append("output=differs from AR")
+        same = result.tokens == ar_result.tokens[: len(result.tokens)]
+        parts.append("output=identical to AR" if same else "output=differs from AR")
     return "  ".join(parts)
+
+
+def result_json(result: Any, ar_result: Any = None) -> dict[str, Any]:
+    """The machine-readable form of a generation (``--json``)."""
+    out: dict[str, Any] = {
+        "text": result.text,
+        "tokens": list(result.tokens),
+        "stop_reason": result.stop_reason,
+        "prompt_tokens": result.prompt_len,
+        "new_tokens": len(result.tokens),
+        "steps": len(result.steps),
+        "acceptance_length": result.acceptance_length,
+        "mean_budget": result.mean_budget,
+        "tokens_per_second": result.tokens_per_second,
+        "wall_s": result.wall_s,
+        "prefill_s": result.prefill_s,
+    }
+    if ar_result is not None:
+        out["ar_tokens_per_second"] = ar_result.tokens_per_second
+        out["speedup"] = result.tokens_per_second / ar_result.tokens_per_second if ar_result.tokens_per_second > 0 else None
+        out["identical_to_ar"] = result.tokens == ar_result.tokens[: len(result.tokens)]
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    configure_output(args.verbose)
+    prompt = read_prompt(args)  # before any model loads
     pipe = build_pipeline(args)
-    ids = torch.tensor([_encode(pipe.tokenizer, args.prompt, args.raw)], dtype=torch.long)
+    ids = encode_prompt(pipe, prompt, args.template)
+    options = dict(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+        top_p=args.top_p, top_k=args.top_k, stop=args.stop or None,
+    )
     with torch.inference_mode():
-        result = pipe.generate(ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+        if args.json:
+            result = pipe.generate(ids, **options)
+        else:
+            stream = pipe.stream(ids, **options)
+            for chunk in stream:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            result = stream.result
         ar = None
         if args.compare_ar:
             from bastion.bench.methods import ARDecoder
 
-            ar = ARDecoder(pipe.target).generate(ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
-    print(pipe.tokenizer.decode(result.tokens, skip_special_tokens=True))
-    print(summary_line(result, ar), file=sys.stdout)
+            ar = ARDecoder(pipe.target).generate(ids, max_new_tokens=max(1, len(result.tokens)), temperature=args.temperature, seed=args.seed)
+    if args.json:
+        print(json.dumps(result_json(result, ar), indent=2))
+    else:
+        print(summary_line(result, ar), file=sys.stderr)
     return 0

@@ -1,30 +1,92 @@
-"""Model and component options shared by the commands that build a pipeline (``generate``, ``run``).
+"""Command-line options shared by every command that builds a pipeline (generate, bench, run).
 
 :func:`add_model_options` registers them on a sub-command's parser; :func:`build_pipeline` turns the
 parsed namespace into a :class:`~bastion.Pipeline` (the embedded demo pair without ``--target`` and
-``--drafter``).
+``--drafter``). Every component kind is selectable by name with options::
+
+    --target DIR|HUB_ID  --drafter NAME|DIR|HUB_ID  --drafter-option KEY=VALUE  --device-map MAP
+    --tree-builder NAME  --tree-option [NAME.]KEY=VALUE
+    --budget-controller NAME  --controller-option [NAME.]KEY=VALUE  --budget N (= fixed, budget=N)
+    --latency-model NAME  --latency-option KEY=VALUE
+    --verifier NAME  --verifier-option KEY=VALUE
+    --max-nodes N  --device DEV  --dtype auto|float32|bfloat16|float16  --verbose
+
+Option values are JSON (``k=3``, ``branching=[4,2,1]``, ``name=x`` as a plain string). An option
+without ``NAME.`` belongs to the component chosen by the matching flag; ``NAME.KEY=VALUE`` names the
+component it belongs to (bench pairs several builders and controllers in one run).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
-from bastion.core.dtypes import CLI_DTYPES as DTYPES
+import attrs
 
-__all__ = ["DTYPES", "add_model_options", "build_pipeline"]
+from bastion.core.dtypes import CLI_DTYPES
+
+__all__ = [
+    "DTYPES",
+    "ComponentChoice",
+    "add_component_arguments",
+    "add_model_arguments",
+    "add_model_options",
+    "add_verbose_argument",
+    "build_pipeline",
+    "component_choices",
+    "configure_output",
+    "option_value",
+    "parse_option",
+    "pipeline_kwargs",
+    "torch_dtype",
+]
+
+DTYPES: tuple[str, ...] = ("auto", *CLI_DTYPES)
+
+#: (flag stem, component kind, default name, options flag)
+_KINDS: tuple[tuple[str, str, str, str], ...] = (
+    ("tree_builder", "tree_builder", "best-first", "tree_option"),
+    ("budget_controller", "budget_controller", "bastion", "controller_option"),
+    ("latency_model", "latency_model", "roofline", "latency_option"),
+    ("verifier", "verifier", "exact", "verifier_option"),
+)
 
 
-def add_model_options(p: argparse.ArgumentParser, *, device_default: str = "cpu") -> None:
-    """``--target/--drafter``, the tree builder and budget, device, dtype and ``--device-map``."""
-    g = p.add_argument_group("model and components")
+def option_value(raw: str) -> Any:
+    """A JSON value, or the text itself when it is not JSON (``name=fast`` -> ``"fast"``)."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def parse_option(text: str) -> tuple[str | None, str, Any]:
+    """``[NAME.]KEY=VALUE`` -> (NAME or None, KEY, JSON value)."""
+    key, sep, raw = text.partition("=")
+    owner, dot, opt = key.rpartition(".")
+    if not sep or not opt or (dot and not owner):
+        raise argparse.ArgumentTypeError(f"expected [NAME.]KEY=VALUE (e.g. k=3 or static.branching=[4,2,1]), got {text!r}")
+    return (owner or None), opt.strip(), option_value(raw)
+
+
+def _plain_option(text: str) -> tuple[None, str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return None, key.strip(), option_value(raw)
+
+
+def add_model_arguments(p: argparse.ArgumentParser, *, device_default: str = "cpu") -> None:
+    """--target, --drafter, --drafter-option, --device, --dtype, --device-map."""
+    g = p.add_argument_group("models")
     g.add_argument("--target", help="target model: local directory or hub id (default: the demo pair)")
     g.add_argument("--drafter", help="drafter: registered name, DFlash checkpoint dir or hub id (default: the demo pair)")
-    g.add_argument("--tree-builder", default="best-first", help="registered tree builder (default best-first)")
-    g.add_argument("--budget", type=int, default=None, help="verify a fixed number of tree nodes instead of the adaptive controller")
-    g.add_argument("--max-nodes", type=int, default=64, help="largest tree the builder drafts (default 64)")
+    g.add_argument("--drafter-option", type=_plain_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="option for a drafter given by name, JSON value (repeatable)")
     g.add_argument("--device", default=device_default, help=f"cpu, cuda, cuda:N or auto (default {device_default})")
-    g.add_argument("--dtype", choices=DTYPES, default="float32")
+    g.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="model dtype (default auto: the checkpoint's; the demo pair runs float32 on the CPU)")
     g.add_argument(
         "--device-map",
         default=None,
@@ -33,27 +95,158 @@ def add_model_options(p: argparse.ArgumentParser, *, device_default: str = "cpu"
     )
 
 
-def build_pipeline(args: argparse.Namespace, *, device: Any = None) -> Any:
-    """The pipeline ``args`` describe; ``device`` overrides ``args.device`` (a rank's own device)."""
-    from bastion import registry
+def add_component_arguments(p: argparse.ArgumentParser) -> None:
+    """--tree-builder/--tree-option, --budget-controller/--controller-option/--budget,
+    --latency-model/--latency-option, --verifier/--verifier-option, --max-nodes."""
+    g = p.add_argument_group("components (see `bastion plugins` for the registered names)")
+    g.add_argument("--tree-builder", default=None, metavar="NAME", help="tree builder (default best-first)")
+    g.add_argument("--tree-option", type=parse_option, action="append", default=[], metavar="[NAME.]KEY=VALUE",
+                   help="tree builder option, JSON value (repeatable), e.g. branching=[4,2,1]")
+    g.add_argument("--budget-controller", default=None, metavar="NAME", help="budget controller (default bastion)")
+    g.add_argument("--controller-option", type=parse_option, action="append", default=[], metavar="[NAME.]KEY=VALUE",
+                   help="budget controller option, JSON value (repeatable)")
+    g.add_argument("--budget", type=int, default=None,
+                   help="verify a fixed number of tree nodes (the fixed controller) instead of the adaptive one")
+    g.add_argument("--latency-model", default="roofline", metavar="NAME", help="latency model (default roofline)")
+    g.add_argument("--latency-option", type=parse_option, action="append", default=[], metavar="[NAME.]KEY=VALUE",
+                   help="latency model option, JSON value (repeatable)")
+    g.add_argument("--verifier", default="exact", metavar="NAME", help="verifier (default exact)")
+    g.add_argument("--verifier-option", type=parse_option, action="append", default=[], metavar="[NAME.]KEY=VALUE",
+                   help="verifier option, JSON value (repeatable)")
+    g.add_argument("--max-nodes", type=int, default=64, help="largest tree the builder drafts (default 64)")
+
+
+def add_verbose_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verbose", action="store_true", help="show library logs and weight-loading progress bars")
+
+
+def add_model_options(p: argparse.ArgumentParser, *, device_default: str = "cpu") -> None:
+    """Everything a command needs to build a pipeline: models, components and --verbose."""
+    add_model_arguments(p, device_default=device_default)
+    add_component_arguments(p)
+    add_verbose_argument(p)
+
+
+@attrs.frozen
+class ComponentChoice:
+    """One component kind as the command line chose it: its name and options per component name."""
+
+    kind: str
+    name: str
+    options: dict[str, dict[str, Any]] = attrs.field(factory=dict)  # component name -> {key: value}
+
+    def options_for(self, name: str | None = None) -> dict[str, Any]:
+        return dict(self.options.get(name or self.name, {}))
+
+
+def component_choices(args: argparse.Namespace) -> dict[str, ComponentChoice]:
+    """The chosen name and options of each component kind (drafter excluded), keyed by kind."""
+    from bastion.core.errors import InvalidInputError
+
+    controller = args.budget_controller
+    if args.budget is not None:
+        if controller not in (None, "fixed"):
+            raise InvalidInputError(f"--budget selects the fixed controller; it cannot be combined with --budget-controller {controller}")
+        controller = "fixed"
+    chosen = {"tree_builder": args.tree_builder or "best-first", "budget_controller": controller or "bastion",
+              "latency_model": args.latency_model, "verifier": args.verifier}
+    out: dict[str, ComponentChoice] = {}
+    for attr, kind, _default, opt_attr in _KINDS:
+        name = chosen[attr]
+        options: dict[str, dict[str, Any]] = {}
+        for owner, key, value in getattr(args, opt_attr, []):
+            options.setdefault(owner or name, {})[key] = value
+        out[kind] = ComponentChoice(kind, name, options)
+    if args.budget is not None:
+        out["budget_controller"].options.setdefault("fixed", {})["budget"] = args.budget
+    return out
+
+
+def torch_dtype(name: str) -> Any:
+    """``"auto"`` or a torch dtype for a --dtype value."""
     from bastion.core.dtypes import parse_dtype
+
+    return "auto" if name == "auto" else parse_dtype(name)
+
+
+def pipeline_kwargs(args: argparse.Namespace, *, components: bool = True) -> dict[str, Any]:
+    """Keyword arguments of :meth:`bastion.Pipeline.from_pretrained` (and ``demo``) for the parsed
+    model and component options. Options qualified with a name other than the chosen component's are an
+    error (nothing would use them). With ``components=False`` only the models and drafter options."""
+    from bastion.core.errors import InvalidInputError
+
+    drafter_opts = {key: value for _, key, value in args.drafter_option}
+    models: dict[str, Any] = dict(device=args.device, dtype=torch_dtype(args.dtype))
+    if getattr(args, "device_map", None):
+        models["device_map"] = args.device_map
+    if not components:
+        return {**models, "component_options": {"drafter": drafter_opts} if drafter_opts else None}
+    choices = component_choices(args)
+    component_options: dict[str, dict[str, Any]] = {}
+    for kind, choice in choices.items():
+        stray = sorted(set(choice.options) - {choice.name})
+        if stray:
+            raise InvalidInputError(
+                f"{kind.replace('_', ' ')} options for {', '.join(stray)}, but the {kind.replace('_', ' ')} is {choice.name}"
+            )
+        if choice.options_for():
+            component_options[kind] = choice.options_for()
+    if drafter_opts:
+        component_options["drafter"] = drafter_opts
+    return dict(
+        models,
+        tree_builder=choices["tree_builder"].name,
+        budget_controller=choices["budget_controller"].name,
+        latency_model=choices["latency_model"].name,
+        verifier=choices["verifier"].name,
+        max_nodes=args.max_nodes,
+        component_options=component_options,
+    )
+
+
+def build_pipeline(args: argparse.Namespace, *, device: Any = None, components: bool = True) -> Any:
+    """The pipeline ``args`` describe (the demo pair without --target/--drafter; --drafter alone pairs a
+    drafter with the demo target); ``device`` overrides ``args.device`` (a rank's own device). With
+    ``components=False`` only the models (and drafter options) come from ``args`` and the other components
+    are the defaults: for commands that assemble several pipelines around one loaded pair."""
     from bastion.core.errors import InvalidInputError
     from bastion.core.pipeline import Pipeline
 
-    if (args.target is None) != (args.drafter is None):
-        raise InvalidInputError("pass both --target and --drafter, or neither for the demo pair")
-    controller: Any = "bastion"
-    if args.budget is not None:
-        controller = registry.create("budget_controller", "fixed", budget=args.budget)
-    kwargs: dict[str, Any] = dict(
-        tree_builder=args.tree_builder,
-        budget_controller=controller,
-        device=args.device if device is None else device,
-        dtype=parse_dtype(args.dtype),
-        max_nodes=args.max_nodes,
-    )
-    if getattr(args, "device_map", None):
-        kwargs["device_map"] = args.device_map
-    if args.target is None:
+    target, drafter = getattr(args, "target", None), getattr(args, "drafter", None)
+    kwargs = pipeline_kwargs(args, components=components)
+    if device is not None:
+        kwargs["device"] = device
+    if target is None and drafter is None:
+        if kwargs["dtype"] == "auto":
+            del kwargs["dtype"]  # the demo pair's own default
         return Pipeline.demo(**kwargs)
-    return Pipeline.from_pretrained(args.target, args.drafter, **kwargs)
+    if target is None:
+        from bastion.demo import demo_paths
+
+        target = str(demo_paths().target)  # a drafter for the demo target (e.g. a plugin drafter)
+    if drafter is None:
+        raise InvalidInputError("--target needs a --drafter (a registered drafter name, or a checkpoint dir or hub id)")
+    return Pipeline.from_pretrained(target, drafter, **kwargs)
+
+
+def configure_output(verbose: bool) -> None:
+    """Quiet by default: library warnings, info logs and weight-loading progress bars only with --verbose."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    if verbose:
+        hf_logging.set_verbosity_info()
+        hf_logging.enable_progress_bar()
+        return
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="transformers")
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
+        pass

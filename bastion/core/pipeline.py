@@ -9,10 +9,12 @@ from __future__ import annotations
 import numbers
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
+import attrs
 import torch
 
+from bastion.core.chat import chat_ids, user_turn
 from bastion.core.checks import check_greedy_verdict, check_int, check_marginals, check_tokenizer, check_verdict
 from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError, TreeValidationError
 from bastion.core.interfaces import (
@@ -29,6 +31,7 @@ from bastion.core.running import running_mean
 from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens, seeded_generator
 from bastion.core.sync import device_sync
 from bastion.core.target import Target
+from bastion.core.text import TextTracker, check_stop_strings
 from bastion.core.tree import Tree
 from bastion.core.types import (
     DraftContext,
@@ -42,7 +45,11 @@ from bastion.core.types import (
     StepRecord,
 )
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "Prompt", "TextStream", "as_target", "prompt_rows", "resolve_drafter"]
+
+#: what generate / stream / chat take as a prompt: token ids ([1, L] or [L] tensor, list of ints), a
+#: mapping / ``BatchEncoding`` with ``input_ids`` (and ``attention_mask``), text, or chat messages
+Prompt = Any
 
 #: weight of the newest step in the running mean of per-step non-verify overhead
 _OVERHEAD_EMA = 0.2
@@ -67,7 +74,7 @@ class Pipeline:
 
     def __init__(
         self,
-        target: Target,
+        target: Target | torch.nn.Module,
         drafter: Drafter | str,
         *,
         tree_builder: TreeBuilder | str = "best-first",
@@ -81,8 +88,7 @@ class Pipeline:
         component_options: Mapping[str, Mapping[str, Any]] | None = None,
         registry: Registry | None = None,
     ) -> None:
-        if not isinstance(target, Target):
-            raise InvalidInputError(f"target must implement bastion.core.Target, got {type(target).__name__}")
+        target = as_target(target)
         max_nodes = check_int("max_nodes", max_nodes)
         self.registry = registry or default_registry
         opts = {k: dict(v) for k, v in (component_options or {}).items()}
@@ -98,6 +104,12 @@ class Pipeline:
         def resolve(kind: str, value: Any) -> Any:
             if isinstance(value, str):
                 value = self.registry.create(kind, value, **opts.get(kind, {}))
+            elif opts.get(kind):
+                raise InvalidInputError(
+                    f"component_options[{kind!r}] given for a {kind} passed as an instance "
+                    f"({type(value).__name__}); options apply to components given by name: create the "
+                    "instance with them instead"
+                )
             return _check_instance(kind, value)
 
         self.drafter: Drafter = resolve("drafter", drafter)
@@ -130,15 +142,15 @@ class Pipeline:
     @classmethod
     def from_pretrained(
         cls,
-        target: str | Path | Target,
+        target: str | Path | Target | torch.nn.Module,
         drafter: str | Path | Drafter,
         *,
         tree_builder: TreeBuilder | str = "best-first",
         budget_controller: BudgetController | str = "bastion",
         latency_model: LatencyModel | str = "roofline",
         verifier: Verifier | str = "exact",
-        device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str = "auto",
         max_nodes: int = 64,
         tokenizer: Any = None,
         attn_implementation: str = "sdpa",
@@ -147,9 +159,14 @@ class Pipeline:
         component_options: Mapping[str, Mapping[str, Any]] | None = None,
         registry: Registry | None = None,
     ) -> "Pipeline":
-        """Load a target (local dir or hub id) and a drafter (a registered drafter name, an instance, or
-        a checkpoint dir or hub id that a registered drafter claims, see
-        :meth:`bastion.core.Drafter.claims_checkpoint`), then assemble the pipeline.
+        """Load a target and a drafter, then assemble the pipeline.
+
+        ``target``: a local directory or hub id, a loaded Hugging Face causal LM (used as it is, on its
+        own device and dtype), or a :class:`Target`. ``drafter``: a registered drafter name, an instance,
+        or a checkpoint dir or hub id that a registered drafter claims (see
+        :meth:`bastion.core.Drafter.claims_checkpoint`), loaded on the target's device and dtype.
+        ``dtype="auto"`` keeps the checkpoint's dtype; ``device`` defaults to ``"cpu"`` for targets loaded
+        here. The tokenizer is loaded from the target's directory when it has one.
 
         ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"``, a device, or a module-to-device
         dict) places the target through Hugging Face / accelerate instead of ``device``; the drafter then
@@ -157,23 +174,21 @@ class Pipeline:
         from bastion.core.hf_target import HFTarget
 
         reg = registry or default_registry
-        if not isinstance(target, Target):
+        opts = {k: dict(v) for k, v in (component_options or {}).items()}
+        if isinstance(target, (str, Path)):
             target_path = str(target)
             target = HFTarget.from_pretrained(
-                target_path, device=device, dtype=dtype, attn_implementation=attn_implementation, device_map=device_map
+                target_path, device=device or "cpu", dtype=dtype, attn_implementation=attn_implementation,
+                device_map=device_map,
             )
             if tokenizer is None:
                 tokenizer = _load_tokenizer(target_path, target.vocab_size)
-        if isinstance(drafter, (str, Path)):
-            drafter_options = dict((component_options or {}).get("drafter", {}))
-            name = str(drafter)
-            if name in reg.names("drafter"):
-                drafter = reg.create("drafter", name, **drafter_options)
-            else:
-                claimant = reg.drafter_for_checkpoint(name)
-                drafter = reg.create(
-                    "drafter", claimant, **{"checkpoint": name, "device": device, "dtype": dtype, **drafter_options}
-                )
+        else:
+            if tokenizer is None:
+                model = target if isinstance(target, torch.nn.Module) else getattr(target, "model", None)
+                tokenizer = _model_tokenizer(model, target)
+            target = as_target(target)
+        drafter = resolve_drafter(drafter, target, reg, opts.pop("drafter", {}))
         return cls(
             target,
             drafter,
@@ -184,23 +199,28 @@ class Pipeline:
             max_nodes=max_nodes,
             tokenizer=tokenizer,
             strict_verdicts=strict_verdicts,
-            component_options={k: v for k, v in (component_options or {}).items() if k != "drafter"},
+            component_options=opts,
             registry=reg,
         )
 
     @classmethod
     def demo(cls, **kwargs: Any) -> "Pipeline":
-        """The embedded trained demo pair (target + DFlash drafter + tokenizer) as a pipeline."""
+        """The embedded trained demo pair (target + DFlash drafter + tokenizer) as a pipeline.
+
+        The pair ships in float16 to keep the package small; on the CPU it is loaded as float32 (the
+        dtype it was trained in, and much faster there) unless ``dtype=`` says otherwise."""
         from bastion.demo import demo_paths
 
         paths = demo_paths()
+        if str(kwargs.get("device") or "cpu").startswith("cpu"):
+            kwargs.setdefault("dtype", torch.float32)
         return cls.from_pretrained(paths.target, paths.drafter, **kwargs)
 
     # ------------------------------------------------------------------ inspection
-    def draft(self, input_ids: torch.Tensor) -> Marginals:
+    def draft(self, input_ids: Prompt) -> Marginals:
         """The marginals the drafter proposes right after prefilling ``input_ids`` [1, L], rooted at the
         target's greedy next token."""
-        ids = self._check_prompt(input_ids)
+        ids = self._prompt_ids(input_ids)
         self.target.reset()
         self.drafter.reset()
         pre = self.target.prefill(ids, self.drafter.feature_layers)
@@ -211,7 +231,7 @@ class Pipeline:
     # ------------------------------------------------------------------ decoding
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: Prompt,
         max_new_tokens: int = 64,
         temperature: float = 0.0,
         seed: int | None = None,
@@ -219,15 +239,157 @@ class Pipeline:
         top_p: float = 1.0,
         top_k: int = 0,
         stop_on_eos: bool = True,
+        stop: str | Sequence[str] | None = None,
+        on_step: Callable[[StepRecord], Any] | None = None,
     ) -> GenerationResult:
-        """Decode up to ``max_new_tokens`` new tokens after ``input_ids`` [1, L]; lossless w.r.t. the
-        target's own greedy decoding (temperature 0) or sampling distribution (temperature > 0)."""
-        ids = self._check_prompt(input_ids)
+        """Decode up to ``max_new_tokens`` new tokens after the prompt; lossless w.r.t. the target's own
+        greedy decoding (temperature 0) or sampling distribution (temperature > 0).
+
+        ``input_ids``: LongTensor [1, L] (or [L], a list of ids, a mapping / ``BatchEncoding`` with
+        ``input_ids`` and optionally ``attention_mask``, plain text, or chat messages). ``stop``: stop
+        strings (the generation ends where the first appears; needs a tokenizer). ``on_step`` is called
+        with each step's :class:`StepRecord` as it commits."""
+        run = self._session(*self._prepare(input_ids, max_new_tokens, temperature, seed, top_p, top_k, stop, on_step),
+                            stop_on_eos, on_step, emit_text=False)
+        while True:
+            try:
+                next(run)
+            except StopIteration as done:
+                return done.value
+
+    def stream(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        *,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_on_eos: bool = True,
+        stop: str | Sequence[str] | None = None,
+        on_step: Callable[[StepRecord], Any] | None = None,
+    ) -> "TextStream":
+        """Like :meth:`generate`, but yield the text as each step commits (a burst of tokens per step).
+
+        ``prompt`` takes what :meth:`generate` takes; text is encoded as it is and chat messages (a list
+        of ``{"role", "content"}`` dicts) through the chat template. The joined chunks equal the
+        result's ``text``; the full :class:`GenerationResult` is the stream's ``result`` once it is
+        exhausted; ``on_step`` receives each :class:`StepRecord`. Prompt errors raise here, not on the
+        first ``next()``."""
+        if self.tokenizer is None:
+            raise InvalidInputError("stream() yields text and needs a tokenizer; this pipeline has none")
+        prepared = self._prepare(prompt, max_new_tokens, temperature, seed, top_p, top_k, stop, on_step)
+        return TextStream(self._session(*prepared, stop_on_eos, on_step, emit_text=True))
+
+    def chat(
+        self,
+        messages: str | Sequence[Mapping[str, str]],
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> GenerationResult:
+        """Answer chat ``messages`` (a list of ``{"role", "content"}`` dicts, or one user message as text)
+        through the tokenizer's chat template; the answer is ``result.text``. Takes :meth:`generate`'s
+        keyword options (``stop``, ``on_step``, ``top_p``...)."""
+        return self.generate(self.encode_chat(messages), max_new_tokens, temperature, seed, **kwargs)
+
+    def decode_steps(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        *,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_on_eos: bool = True,
+    ) -> Generator[tuple[list[int], StepRecord | None], int | None, GenerationResult]:
+        """The decode loop as a generator, for integrations that decide themselves when to stop.
+
+        Yields ``(tokens, record)`` per commit: the new tokens and the step's :class:`StepRecord` (None
+        for the first token, sampled from the prefill). ``send(k)`` keeps only the first ``k`` of the
+        tokens just yielded and ends the generation; the generator's return value (``StopIteration.value``)
+        is the :class:`GenerationResult`."""
+        ids, max_new, sampling, _, seed = self._prepare(prompt, max_new_tokens, temperature, seed, top_p, top_k, None, None)
+        return self._decode(ids, max_new, sampling, seed, stop_on_eos)
+
+    def _prepare(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int | None,
+        top_p: float,
+        top_k: int,
+        stop: str | Sequence[str] | None,
+        on_step: Callable[[StepRecord], Any] | None,
+    ) -> tuple[torch.Tensor, int, SamplingConfig, tuple[str, ...], int | None]:
+        """Check a generation's arguments -> (ids [1, L], max_new_tokens, sampling, stop strings, seed)."""
+        ids = self._prompt_ids(prompt)
         max_new_tokens = check_int("max_new_tokens", max_new_tokens)
+        stops = check_stop_strings(stop)
+        if stops and self.tokenizer is None:
+            raise InvalidInputError("stop strings need a tokenizer; this pipeline has none")
+        if on_step is not None and not callable(on_step):
+            raise InvalidInputError(f"on_step must be callable, got {type(on_step).__name__}")
         sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
         if not sampling.greedy and not self.verifier.supports_sampling:
             raise InvalidInputError(f"verifier {type(self.verifier).__name__} supports greedy decoding only")
-        seed = None if seed is None else check_seed(seed)
+        return ids, max_new_tokens, sampling, stops, None if seed is None else check_seed(seed)
+
+    def _session(
+        self,
+        ids: torch.Tensor,  # [1, L]
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        stops: tuple[str, ...],
+        seed: int | None,
+        stop_on_eos: bool,
+        on_step: Callable[[StepRecord], Any] | None,
+        *,
+        emit_text: bool,
+    ) -> Generator[str, None, GenerationResult]:
+        """One generation as a generator of text chunks (only when ``emit_text``) returning the result."""
+        tracker = TextTracker(self.tokenizer, stops) if (emit_text or stops) else None
+        steps = self._decode(ids, max_new_tokens, sampling, seed, stop_on_eos)
+        keep: int | None = None
+        try:
+            while True:
+                tokens, record = steps.send(keep)
+                keep = None
+                if tracker is not None:
+                    before = len(tracker.tokens)
+                    chunk = tracker.push(tokens)
+                    if tracker.stopped:  # keep the tokens up to the one completing the stop string
+                        keep = int(tracker.stop_tokens or 0) - before
+                    if emit_text and chunk:
+                        yield chunk
+                if on_step is not None and record is not None:
+                    on_step(record)
+        except StopIteration as done:
+            result: GenerationResult = done.value
+        if tracker is not None:
+            tail = tracker.finish()
+            if emit_text and tail:
+                yield tail
+            text = tracker.text
+        else:
+            text = None if self.tokenizer is None else self.decode(result.tokens)
+        return attrs.evolve(result, text=text)
+
+    def _decode(
+        self,
+        ids: torch.Tensor,  # [1, L]
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        seed: int | None,
+        stop_on_eos: bool,
+    ) -> Generator[tuple[list[int], StepRecord | None], int | None, GenerationResult]:
+        """The decode loop as a generator: yields each commit's new tokens with its step record (None for
+        the token sampled from the prefill). Sending an int ``k`` keeps only the first ``k`` of the tokens
+        just yielded and ends the generation (stop strings); the return value is the result."""
         stream = None if sampling.greedy else PositionalStream.from_seed(seed)
         generator = self._generator(stream)
         draft_temperature = 1.0 if sampling.greedy else sampling.temperature
@@ -247,7 +409,10 @@ class Pipeline:
         out: list[int] = [root]
         steps: list[StepRecord] = []
         stop_reason = "eos" if root in eos else "length"
-        while len(out) < max_new_tokens and root not in eos:
+        keep = yield [root], None
+        if keep is not None:
+            out, stop_reason = out[:keep], "stop"
+        while len(out) < max_new_tokens and root not in eos and stop_reason != "stop":
             ctx = self.target.context_len
             room = self.target.max_positions - ctx - 1  # deepest node position (ctx + depth) must stay in range
             if room < 0:
@@ -263,8 +428,14 @@ class Pipeline:
                     emitted = emitted[: i + 1]
                     stop_reason = "eos"
                     break
+            if len(emitted) != record.emitted:
+                record = _with_emitted(record, len(emitted))
+            keep = yield emitted, record
+            if keep is not None:
+                emitted, stop_reason = emitted[:keep], "stop"
+                record = _with_emitted(record, len(emitted))
             out.extend(emitted)
-            steps.append(record if len(emitted) == record.emitted else _with_emitted(record, len(emitted)))
+            steps.append(record)
             root = verdict.bonus_token
             if stop_reason == "eos":
                 break
@@ -275,7 +446,7 @@ class Pipeline:
             prompt_len=int(ids.shape[1]),
             prefill_s=prefill_s,
             wall_s=time.perf_counter() - t_start,
-            stop_reason=stop_reason if len(out) < max_new_tokens or stop_reason == "eos" else "length",
+            stop_reason=stop_reason,
         )
 
     def generate_batch(
@@ -291,7 +462,10 @@ class Pipeline:
     ) -> list[GenerationResult]:
         """Decode every prompt of ``prompts`` (token-id sequences of any lengths: lists, 1-D tensors or
         [1, L] tensors) -> one :class:`GenerationResult` per prompt, in order. Each row's output is what
-        :meth:`generate` gives for that prompt alone. (Reference path: rows are decoded one after another.)"""
+        :meth:`generate` gives for that prompt alone; a padded [B, L] batch or ``BatchEncoding`` with its
+        ``attention_mask`` is split into its unpadded rows first. (Reference path: rows are decoded one after
+        another.)"""
+        prompts = prompt_rows(prompts)
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise InvalidInputError("prompts must be a non-empty list of token-id sequences")
         rows = []
@@ -431,21 +605,139 @@ class Pipeline:
     def _sync(self) -> None:
         device_sync(self.target.device)
 
+    def _prompt_ids(self, prompt: Prompt) -> torch.Tensor:
+        """Any accepted prompt form -> a checked LongTensor [1, L] on the target's device."""
+        if isinstance(prompt, str):
+            return self._check_prompt(self.encode(prompt))
+        if _is_messages(prompt):
+            return self._check_prompt(self.encode_chat(prompt))
+        rows = prompt_rows(prompt) if isinstance(prompt, (Mapping, torch.Tensor)) else prompt
+        if isinstance(rows, list) and rows is not prompt:
+            if len(rows) != 1:
+                raise InvalidInputError(
+                    f"generate() decodes one prompt [1, L], got a batch of {len(rows)}; use generate_batch() for several"
+                )
+            rows = rows[0]
+        if isinstance(rows, torch.Tensor) and rows.dim() == 1:
+            rows = rows[None]
+        return self._check_prompt(rows)
+
     def encode(self, text: str) -> torch.Tensor:
-        """Tokenize ``text`` with the pipeline's tokenizer -> LongTensor[1, L]."""
+        """Tokenize ``text`` as it is (no chat template) -> LongTensor[1, L]."""
         if self.tokenizer is None:
             raise InvalidInputError("this pipeline has no tokenizer; pass input_ids instead")
+        if not isinstance(text, str):
+            raise InvalidInputError(f"encode() takes a string, got {type(text).__name__}")
         return torch.tensor([self.tokenizer.encode(text)], dtype=torch.long)
 
-    def decode(self, tokens: list[int]) -> str:
+    def encode_chat(self, messages: str | Sequence[Mapping[str, str]]) -> torch.Tensor:
+        """Chat ``messages`` (``[{"role": "user", "content": ...}, ...]``, or one user message as text)
+        through the tokenizer's chat template, ready for the assistant's answer -> LongTensor[1, L]."""
+        if self.tokenizer is None:
+            raise InvalidInputError("this pipeline has no tokenizer; pass input_ids instead")
+        if isinstance(messages, str):
+            messages = user_turn(messages)
+        if not _is_messages(messages):
+            raise InvalidInputError('chat messages must be text or a list of {"role": ..., "content": ...} dicts')
+        return torch.tensor([chat_ids(self.tokenizer, messages)], dtype=torch.long)
+
+    def decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Token ids -> text (special tokens such as end-of-turn markers left out unless asked for)."""
         if self.tokenizer is None:
             raise InvalidInputError("this pipeline has no tokenizer")
-        return self.tokenizer.decode(tokens)
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
+
+
+class TextStream(Iterator[str]):
+    """The text chunks of one generation, as its steps commit; ``result`` holds the
+    :class:`GenerationResult` once the stream is exhausted (None before)."""
+
+    def __init__(self, session: Generator[str, None, GenerationResult]) -> None:
+        self._session = session
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> "TextStream":
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._session)
+        except StopIteration as done:
+            self.result = done.value
+            raise StopIteration from None
+
+
+def as_target(target: Any) -> Target:
+    """``target`` as a :class:`Target`: a Target is returned as it is; a loaded Hugging Face causal LM is
+    wrapped in :class:`~bastion.core.hf_target.HFTarget`."""
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, torch.nn.Module) and hasattr(target, "config"):
+        from bastion.core.hf_target import HFTarget
+
+        return HFTarget(target)
+    raise InvalidInputError(
+        f"target must be a bastion.core.Target or a loaded Hugging Face causal LM (wrapped in "
+        f"bastion.core.hf_target.HFTarget), got {type(target).__name__}; Pipeline.from_pretrained also "
+        "takes a directory or hub id"
+    )
+
+
+def resolve_drafter(
+    drafter: Any, target: Target, registry: Registry, options: Mapping[str, Any] | None = None
+) -> Drafter:
+    """A drafter given as a registered name (created with ``options``), a checkpoint directory or hub id
+    that a registered drafter claims (loaded on the target's device and dtype), or an instance (returned
+    as it is)."""
+    opts = dict(options or {})
+    if isinstance(drafter, (str, Path)):
+        name = str(drafter)
+        if name in registry.names("drafter"):
+            return registry.create("drafter", name, **opts)
+        if not Path(name).exists() and "/" not in name:  # neither a name, a directory nor a hub id
+            registry.info("drafter", name)  # raises with the registered names, near names and blocked plugins
+        claimant = registry.drafter_for_checkpoint(name)
+        return registry.create(
+            "drafter", claimant, **{"checkpoint": name, "device": target.device, "dtype": target.dtype, **opts}
+        )
+    if opts:
+        raise InvalidInputError(
+            f"drafter options {sorted(opts)} given for a drafter passed as an instance ({type(drafter).__name__}); "
+            "create the instance with them instead"
+        )
+    return drafter
+
+
+def prompt_rows(prompts: Any) -> Any:
+    """Normalise batch-shaped prompt forms: a mapping / ``BatchEncoding`` with ``input_ids`` (and
+    ``attention_mask``) or a 2-D tensor [B, L] -> a list of 1-D rows with padding removed (rows whose mask
+    has zeros keep only their unmasked positions). Anything else is returned as it is."""
+    mask = None
+    if isinstance(prompts, Mapping):
+        if "input_ids" not in prompts:
+            raise InvalidInputError(f"a prompt mapping needs 'input_ids', got keys {sorted(map(str, prompts))}")
+        mask = prompts.get("attention_mask")
+        prompts = prompts["input_ids"]
+        if not isinstance(prompts, torch.Tensor):
+            prompts = torch.as_tensor(prompts)
+        if prompts.dim() == 1:
+            prompts = prompts[None]
+    if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2:
+        return prompts
+    if mask is None:
+        return list(prompts)
+    mask = torch.as_tensor(mask)
+    if mask.shape != prompts.shape:
+        raise InvalidInputError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids {tuple(prompts.shape)}")
+    keep = mask.to(torch.bool).cpu()  # [B, L]
+    return [row[k.to(row.device)] for row, k in zip(prompts, keep)]
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(m, Mapping) and "role" in m for m in value)
 
 
 def _with_emitted(record: StepRecord, emitted: int) -> StepRecord:
-    import attrs
-
     return attrs.evolve(record, emitted=emitted)
 
 
@@ -489,3 +781,15 @@ def _load_tokenizer(path: str, vocab_size: int) -> Any:
         raise InvalidFileError(f"the tokenizer files in {path} cannot be loaded: {type(exc).__name__}: {exc}") from exc
     check_tokenizer(tokenizer, vocab_size, path)
     return tokenizer
+
+
+def _model_tokenizer(model: Any, target: Target) -> Any:
+    """The tokenizer saved next to a model loaded from a local directory (``model.name_or_path``), or
+    None: a loaded model never sends the pipeline to the hub."""
+    path = getattr(model, "name_or_path", None)
+    if not path or not Path(str(path)).expanduser().is_dir():
+        return None
+    try:
+        return _load_tokenizer(str(path), target.vocab_size)
+    except InvalidFileError:
+        return None

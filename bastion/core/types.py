@@ -263,16 +263,29 @@ class StepOutcome:
     verdict: Verdict
 
 
-@frozen
+@frozen(repr=False)
 class GenerationResult:
-    """Result of :meth:`bastion.Pipeline.generate`."""
+    """Result of :meth:`bastion.Pipeline.generate`.
+
+    ``stop_reason`` is ``"eos"`` (an end-of-sequence token), ``"length"`` (``max_new_tokens`` or the
+    target's position limit) or ``"stop"`` (a stop string; ``text`` ends right before it). ``text`` is the
+    decoded output when the pipeline knows a tokenizer, else None.
+    """
 
     tokens: list[int]  # new tokens only
     steps: tuple[StepRecord, ...] = field(converter=tuple)
     prompt_len: int
     prefill_s: float
     wall_s: float
-    stop_reason: Literal["eos", "length"]
+    stop_reason: Literal["eos", "length", "stop"]
+    text: str | None = None
+
+    def __repr__(self) -> str:
+        text = "" if self.text is None else f", text={_shorten(self.text)!r}"
+        return (
+            f"GenerationResult(tokens={len(self.tokens)}, steps={len(self.steps)}, "
+            f"acceptance_length={self.acceptance_length:.2f}, stop_reason={self.stop_reason!r}{text})"
+        )
 
     @property
     def acceptance_length(self) -> float:
@@ -294,3 +307,6 @@ class GenerationResult:
         """Share of decode steps that drafted (the rest were plain target steps)."""
         return sum(1 for s in self.steps if s.drafted) / len(self.steps) if self.steps else 0.0
 
+
+def _shorten(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

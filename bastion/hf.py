@@ -1,0 +1,275 @@
+"""A Hugging Face drop-in: bastion as the decoding loop of ``model.generate``.
+
+transformers 5 accepts a callable ``custom_generate``; :func:`speculative` returns one::
+
+    out = model.generate(**inputs, max_new_tokens=128,
+                         custom_generate=bastion.hf.speculative("path/or/hub-id-of-drafter"))
+
+``model.generate`` prepares the generation config, the logits processors and the stopping criteria as
+usual and hands them to the callable, which decodes with a bastion pipeline built around ``model`` (once
+per model) and returns what Hugging Face's own greedy / sample loop returns: the sequences
+``[B, L + new]`` (prompt included), or a ``GenerateDecoderOnlyOutput`` with ``return_dict_in_generate``.
+
+Honoured: ``max_new_tokens`` / ``max_length``, ``do_sample`` with ``temperature``, ``top_k`` and
+``top_p`` (read from the processors ``generate`` built, so the model's own defaults apply exactly as in
+plain ``generate``), ``eos_token_id``, stop strings and any other stopping criterion (checked token by
+token), ``streamer=`` (``TextStreamer``, ``TextIteratorStreamer``: each step's tokens are put as one
+burst), and padded batches with an ``attention_mask`` (decoded through ``Pipeline.generate_batch``;
+finished rows are padded with ``pad_token_id`` as Hugging Face does). Greedy output is token-for-token
+plain ``model.generate``'s; sampled output follows the same distribution, seeded from torch's global
+generator (so ``torch.manual_seed`` makes it reproducible). Logits processors bastion cannot apply
+inside tree verification (repetition penalty, min-p, ...) and per-step outputs (scores, logits,
+attentions, hidden states) are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any, Mapping
+
+import torch
+
+from bastion.core.errors import InvalidInputError
+from bastion.core.registry import Registry, registry as default_registry
+
+__all__ = ["SpeculativeGenerate", "speculative"]
+
+#: per-step outputs of Hugging Face's loop that bastion's tree steps do not produce
+_UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+
+
+def speculative(
+    drafter: Any,
+    *,
+    tree_builder: Any = "best-first",
+    budget_controller: Any = "bastion",
+    latency_model: Any = "roofline",
+    verifier: Any = "exact",
+    max_nodes: int = 64,
+    component_options: Mapping[str, Mapping[str, Any]] | None = None,
+    registry: Registry | None = None,
+) -> "SpeculativeGenerate":
+    """A ``custom_generate`` callable for ``model.generate`` that decodes with bastion.
+
+    ``drafter`` and every component take what :meth:`bastion.Pipeline.from_pretrained` takes: a
+    registered name, a path or hub id (drafter checkpoints, loaded on the model's device and dtype), or an
+    instance; ``component_options`` holds options for components given by name, keyed by kind."""
+    return SpeculativeGenerate(
+        drafter,
+        components=dict(tree_builder=tree_builder, budget_controller=budget_controller, latency_model=latency_model, verifier=verifier),
+        max_nodes=max_nodes,
+        component_options=component_options,
+        registry=registry,
+    )
+
+
+class SpeculativeGenerate:
+    """The callable :func:`speculative` returns; one pipeline per model it is called with."""
+
+    def __init__(
+        self,
+        drafter: Any,
+        *,
+        components: Mapping[str, Any],
+        max_nodes: int = 64,
+        component_options: Mapping[str, Mapping[str, Any]] | None = None,
+        registry: Registry | None = None,
+    ) -> None:
+        self.drafter = drafter
+        self.components = dict(components)
+        self.max_nodes = max_nodes
+        self.component_options = {k: dict(v) for k, v in (component_options or {}).items()}
+        self.registry = registry or default_registry
+        self._pipelines: "weakref.WeakKeyDictionary[torch.nn.Module, Any]" = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return f"bastion.hf.speculative({self.drafter!r})"
+
+    def pipeline(self, model: torch.nn.Module) -> Any:
+        """The bastion pipeline wrapped around ``model`` (built on first use, then reused)."""
+        pipe = self._pipelines.get(model)
+        if pipe is None:
+            from bastion.core.pipeline import Pipeline, as_target, resolve_drafter
+
+            target = as_target(model)
+            opts = {k: dict(v) for k, v in self.component_options.items()}
+            drafter = resolve_drafter(self.drafter, target, self.registry, opts.pop("drafter", {}))
+            pipe = Pipeline(target, drafter, **self.components, max_nodes=self.max_nodes, component_options=opts,
+                            registry=self.registry)
+            self._pipelines[model] = pipe
+        return pipe
+
+    def __call__(
+        self,
+        model: torch.nn.Module,
+        input_ids: torch.LongTensor,  # [B, L], left-padded when B > 1
+        logits_processor: Any = None,
+        stopping_criteria: Any = None,
+        generation_config: Any = None,
+        synced_gpus: bool = False,
+        streamer: Any = None,
+        **model_kwargs: Any,
+    ) -> Any:
+        if generation_config is None:
+            raise InvalidInputError("bastion.hf.speculative is a custom_generate for model.generate(...), not a standalone call")
+        if streamer is None:
+            streamer = _caller_streamer(self)
+        _check_config(generation_config)
+        sampling = _sampling_from(logits_processor, bool(generation_config.do_sample))
+        batch, length = int(input_ids.shape[0]), int(input_ids.shape[1])
+        max_new = int(generation_config.max_length) - length
+        if max_new < 1:
+            raise InvalidInputError(f"max_length {generation_config.max_length} leaves no room after the {length}-token prompt")
+        eos = _ids(getattr(generation_config, "_eos_token_tensor", None)) or _ids(generation_config.eos_token_id)
+        pad = _ids(getattr(generation_config, "_pad_token_tensor", None)) or _ids(generation_config.pad_token_id)
+        pipe = self.pipeline(model)
+        seed = None if sampling["temperature"] == 0.0 else int(torch.randint(0, 2**62, (1,)).item())
+        with torch.inference_mode():
+            if batch == 1:
+                rows = [self._decode_one(pipe, input_ids, model_kwargs.get("attention_mask"), max_new, sampling, seed,
+                                         stopping_criteria, streamer)]
+            else:
+                if streamer is not None:
+                    raise InvalidInputError("streamers take one sequence at a time; stream a batch of 1")
+                rows = self._decode_batch(pipe, input_ids, model_kwargs.get("attention_mask"), max_new, sampling, seed,
+                                          eos, stopping_criteria)
+        if streamer is not None:
+            streamer.end()
+        fill = pad[0] if pad else (eos[0] if eos else 0)
+        width = max(len(r) for r in rows)
+        new = torch.full((batch, width), fill, dtype=input_ids.dtype, device=input_ids.device)  # [B, new]
+        for i, r in enumerate(rows):
+            new[i, : len(r)] = torch.tensor(r, dtype=input_ids.dtype)
+        sequences = torch.cat([input_ids, new], dim=1)  # [B, L + new]
+        if generation_config.return_dict_in_generate:
+            from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+            return GenerateDecoderOnlyOutput(sequences=sequences)
+        return sequences
+
+    # ------------------------------------------------------------------ decoding
+    @staticmethod
+    def _decode_one(
+        pipe: Any,
+        input_ids: torch.Tensor,  # [1, L]
+        attention_mask: torch.Tensor | None,
+        max_new: int,
+        sampling: dict[str, Any],
+        seed: int | None,
+        stopping_criteria: Any,
+        streamer: Any,
+    ) -> list[int]:
+        prompt = {"input_ids": input_ids, "attention_mask": attention_mask} if attention_mask is not None else input_ids
+        steps = pipe.decode_steps(prompt, max_new, seed=seed, stop_on_eos=False, **sampling)
+        seq = input_ids  # [1, L + produced]: what the stopping criteria see, as in Hugging Face's loop
+        out: list[int] = []
+        keep = None
+        while True:
+            try:
+                tokens, _record = steps.send(keep)
+            except StopIteration:
+                break
+            keep = None
+            for k, tok in enumerate(tokens):  # token by token: stop exactly where Hugging Face's loop would
+                seq = torch.cat([seq, seq.new_tensor([[tok]])], dim=1)
+                if stopping_criteria is not None and bool(stopping_criteria(seq, None).any()):
+                    keep = k + 1
+                    break
+            emitted = tokens if keep is None else tokens[:keep]
+            out.extend(emitted)
+            if streamer is not None and emitted:
+                streamer.put(torch.tensor(emitted, dtype=torch.long))
+            if keep is not None:
+                steps.close()
+                break
+        return out
+
+    @staticmethod
+    def _decode_batch(
+        pipe: Any,
+        input_ids: torch.Tensor,  # [B, L]
+        attention_mask: torch.Tensor | None,
+        max_new: int,
+        sampling: dict[str, Any],
+        seed: int | None,
+        eos: list[int],
+        stopping_criteria: Any,
+    ) -> list[list[int]]:
+        prompts = {"input_ids": input_ids, "attention_mask": attention_mask} if attention_mask is not None else input_ids
+        # the pipeline may stop at the target's end tokens only when those also end the generation here
+        stop_on_eos = pipe.target.eos_token_ids <= frozenset(eos)
+        results = pipe.generate_batch(prompts, max_new, seed=seed, stop_on_eos=stop_on_eos, **sampling)
+        rows = []
+        for i, res in enumerate(results):
+            seq = input_ids[i : i + 1]  # [1, L], padding included, as Hugging Face's criteria see it
+            row: list[int] = []
+            for tok in res.tokens:
+                row.append(tok)
+                seq = torch.cat([seq, seq.new_tensor([[tok]])], dim=1)
+                if stopping_criteria is not None and bool(stopping_criteria(seq, None).any()):
+                    break
+            rows.append(row)
+        return rows
+
+
+# ---------------------------------------------------------------------- helpers
+def _check_config(config: Any) -> None:
+    if int(getattr(config, "num_beams", 1) or 1) > 1:
+        raise InvalidInputError("bastion.hf.speculative decodes one sequence per prompt; num_beams > 1 is not supported")
+    if int(getattr(config, "num_return_sequences", 1) or 1) > 1:
+        raise InvalidInputError("num_return_sequences > 1 is not supported by bastion.hf.speculative")
+    asked = [name for name in _UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
+    if asked and config.return_dict_in_generate:
+        raise InvalidInputError(
+            f"bastion.hf.speculative returns sequences only; {', '.join(asked)} are not produced by tree verification"
+        )
+
+
+def _sampling_from(processors: Any, do_sample: bool) -> dict[str, Any]:
+    """temperature / top_k / top_p exactly as the processors ``generate`` built will apply them."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    sampling: dict[str, Any] = {"temperature": 1.0 if do_sample else 0.0, "top_k": 0, "top_p": 1.0}
+    unsupported = []
+    for proc in processors or ():
+        if isinstance(proc, TemperatureLogitsWarper):
+            sampling["temperature"] = float(proc.temperature)
+        elif isinstance(proc, TopKLogitsWarper):
+            sampling["top_k"] = int(proc.top_k)
+        elif isinstance(proc, TopPLogitsWarper):
+            sampling["top_p"] = float(proc.top_p)
+        else:
+            unsupported.append(type(proc).__name__)
+    if unsupported:
+        raise InvalidInputError(
+            f"bastion.hf.speculative cannot apply {', '.join(unsupported)} inside tree verification; it honours "
+            "do_sample, temperature, top_k and top_p (drop the other generation options)"
+        )
+    if not do_sample:
+        sampling = {"temperature": 0.0, "top_k": 0, "top_p": 1.0}
+    return sampling
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [int(v) for v in value.reshape(-1).tolist()]
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def _caller_streamer(fn: Any) -> Any:
+    """The ``streamer=`` given to ``model.generate``. transformers 5 passes a callable ``custom_generate``
+    only the keyword arguments its own loops do not declare, and ``streamer`` is one of theirs, so it is
+    read from the ``generate`` frame that is calling ``fn`` (the frame whose ``custom_generate`` is it)."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            break
+        if frame.f_locals.get("custom_generate") is fn:
+            return frame.f_locals.get("streamer")
+        frame = frame.f_back
+    return None
