@@ -224,8 +224,8 @@ def test_bench_command_runs_end_to_end_and_writes_its_outputs(pair, data_dir: Pa
 
     seen = {}
 
-    def fake_load(target, drafter, device, dtype):
-        seen.update(target=target, drafter=drafter, device=device, dtype=dtype)
+    def fake_load(args):
+        seen.update(target=args.target, drafter=args.drafter, device=args.device, dtype=args.dtype)
         return (*pair, None)
 
     monkeypatch.setattr(bench_cmd, "load_pair", fake_load)
@@ -236,7 +236,7 @@ def test_bench_command_runs_end_to_end_and_writes_its_outputs(pair, data_dir: Pa
         "--warmup-tokens", "0", "--repeats", "1", "--out", str(out), "--no-progress", "--no-plots",
     ])
     assert rc == 0
-    assert seen == {"target": "T", "drafter": "D", "device": "cpu", "dtype": "float32"}
+    assert seen == {"target": "T", "drafter": "D", "device": "cpu", "dtype": "auto"}
     stdout = capsys.readouterr().out
     assert "| gsm8k | best-first@4 |" in stdout
     data = json.loads((out / "results.json").read_text())

@@ -63,12 +63,12 @@ def test_demo_pipeline_loads_fp32_and_matches_hf_generate_greedy(demo_pipe) -> N
     assert res.acceptance_length > 2.0
 
 
-def test_generate_command_defaults_to_demo_and_prints_summary(capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_command_defaults_to_demo_streams_text_to_stdout_and_the_summary_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     from bastion.cli.main import main
 
     assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "24", "--compare-ar"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    summary = lines[-1]
-    assert summary.startswith("tokens=") and "acceptance=" in summary and "tok/s=" in summary
+    captured = capsys.readouterr()
+    summary = captured.err.strip().splitlines()[-1]
+    assert summary.startswith("tokens=24") and "acceptance=" in summary and "tok/s=" in summary
     assert "speedup=" in summary and "identical to AR" in summary
-    assert len(lines) >= 2  # the generated text comes first
+    assert captured.out.strip() and "tokens=" not in captured.out  # only the generated text on stdout
