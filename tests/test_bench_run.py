@@ -224,7 +224,7 @@ def test_bench_command_runs_end_to_end_and_writes_its_outputs(pair, data_dir: Pa
 
     seen = {}
 
-    def fake_load(args):
+    def fake_load(args, device=None):
         seen.update(target=args.target, drafter=args.drafter, device=args.device, dtype=args.dtype)
         return (*pair, None)
 

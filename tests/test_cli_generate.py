@@ -126,7 +126,7 @@ def test_bench_pairs_a_plugin_builder_with_a_plugin_controller(capsys, test_plug
 def test_bench_checks_its_data_files_before_loading_any_model(capsys, tmp_path: Path, monkeypatch):
     from bastion.cli import bench_cmd
 
-    monkeypatch.setattr(bench_cmd, "load_pair", lambda args: pytest.fail("models loaded before the data check"))
+    monkeypatch.setattr(bench_cmd, "load_pair", lambda args, device=None: pytest.fail("models loaded before the data check"))
     assert main(["bench", "--datasets", "gsm8k", "--data-dir", str(tmp_path / "none"), "--no-progress"]) == 2
     assert "gsm8k" in capsys.readouterr().err
 
