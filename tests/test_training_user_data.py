@@ -82,7 +82,7 @@ def user_run(chat_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
                  "--draft-steps", "30", "--draft-lr", "1e-2", "--anchors", "16", "--eval-every", "15",
                  "--eval-datasets", f"gsm8k={root / 'heldout.jsonl'}", "--eval-limit", "4",
                  "--eval-max-new-tokens", "24", "--eval-budgets", "4,8"]) == 0
-    assert main(["train", "export", "--target", str(chat_target), "--drafter", str(root / "drafter"), "--out", str(root / "export")]) == 0
+    assert main(["train", "export", "--drafter", str(root / "drafter"), "--dtype", "bfloat16", "--out", str(root / "export")]) == 0
     return root
 
 
@@ -98,12 +98,17 @@ def test_user_prompts_are_distilled_from_the_targets_own_greedy_answers(user_run
     assert greedy.tolist() == seq.ids.tolist()
 
 
-def test_exported_drafter_from_user_data_loads_in_the_pipeline_and_is_lossless(user_run: Path) -> None:
+def test_exported_drafter_from_user_data_loads_in_the_pipeline_and_is_lossless(user_run: Path, chat_target: Path) -> None:
+    from safetensors import safe_open
+
     from bastion import registry
     from bastion.bench.methods import ARDecoder
     from bastion.core.pipeline import Pipeline
 
-    pipe = Pipeline.from_pretrained(user_run / "export" / "target", user_run / "export" / "drafter",
+    assert not (user_run / "export" / "target").exists()  # a drafter for an existing target ships alone
+    with safe_open(str(user_run / "export" / "drafter" / "model.safetensors"), "pt") as fh:
+        assert {fh.get_tensor(k).dtype for k in fh.keys()} == {torch.bfloat16}
+    pipe = Pipeline.from_pretrained(chat_target, user_run / "export" / "drafter",
                                     budget_controller=registry.create("budget_controller", "fixed", budget=8))
     ids = pipe.encode("<|user|>\nWhat is 5 plus 6?\n<|assistant|>\n")
     assert pipe.generate(ids, max_new_tokens=20).tokens == ARDecoder(pipe.target).generate(ids, max_new_tokens=20).tokens
@@ -124,3 +129,22 @@ def test_held_out_acceptance_logged_in_training_equals_bastion_bench(user_run: P
     assert bench.keys() == {"chain", "best-first@4", "best-first@8"}
     for method, value in bench.items():
         assert final[method] == pytest.approx(value, abs=1e-4)
+
+
+def test_distillation_split_over_two_ranks_merges_into_the_one_process_file(chat_target: Path, tokenizer, tmp_path: Path) -> None:
+    from bastion.distributed import DistContext
+    from bastion.training.distill import DistillConfig, distill_part, generate_continuations, load_continuations, merge_parts
+    from bastion.training.frozen import load_frozen_target
+
+    model = load_frozen_target(chat_target, "cpu")
+    prompts = [(USER_SOURCE, render_row(r, tokenizer, "x")) for r in ROWS]
+    cfg = DistillConfig(max_new_tokens=8, batch_size=2)
+    one = generate_continuations(model, tokenizer, prompts, tmp_path / "one.pt", cfg)
+    for rank in (1, 0):  # what each rank of a two-rank run writes, then rank 0's merge
+        distill_part(model, tokenizer, prompts, tmp_path / "two.pt", cfg, DistContext(rank=rank, world_size=2))
+    assert (tmp_path / "two.part1of2.pt").is_file() and not (tmp_path / "two.pt").exists()
+    merge_parts(tmp_path / "two.pt", len(prompts), 2)
+    two = load_continuations(tmp_path / "two.pt")
+    assert [s.ids.tolist() for s in two] == [s.ids.tolist() for s in one]
+    assert [s.prompt_len for s in two] == [s.prompt_len for s in one]
+    assert not list(tmp_path.glob("two.part*"))

@@ -124,7 +124,9 @@ def _distill_opts(d: argparse.ArgumentParser) -> None:
 def _drafter_opts(r: argparse.ArgumentParser) -> None:
     _sized(r, "--draft-layers", int, "draft layers")
     _sized(r, "--block-size", int, "block size B (B - 1 drafted tokens per step)")
-    r.add_argument("--target-layers", type=str, default=None, help="comma-separated target layer ids the drafter reads (default: all)")
+    r.add_argument("--target-layers", type=str, default=None,
+                   help="target layer ids the drafter reads: comma-separated, or dflash (one per draft layer, spread "
+                        "from layer 1 to the fourth-last, as the released drafters) (default: all)")
     _sized(r, "--draft-steps", int, "optimizer steps")
     r.add_argument("--draft-lr", type=float, default=1e-3)
     _sized(r, "--warmup-steps", int, "learning-rate warm-up steps")
@@ -164,7 +166,8 @@ def _features_stage(f: argparse.ArgumentParser) -> None:
     _device_opts(f)
     f.add_argument("--data", type=Path, required=True, help="output of `bastion train distill`")
     f.add_argument("--out", type=Path, required=True, help="feature folder (memory-mapped, in the target's dtype)")
-    f.add_argument("--target-layers", type=str, default=None, help="comma-separated target layer ids (default: all); as for the drafter")
+    f.add_argument("--target-layers", type=str, default=None, help="target layer ids as for the drafter (comma-separated, or dflash; default: all)")
+    _sized(f, "--draft-layers", int, "draft layers (only for --target-layers dflash)")
 
 
 def _drafter_stage(r: argparse.ArgumentParser) -> None:
@@ -176,7 +179,7 @@ def _drafter_stage(r: argparse.ArgumentParser) -> None:
 
 
 def _export_stage(e: argparse.ArgumentParser) -> None:
-    e.add_argument("--target", type=Path, required=True)
+    e.add_argument("--target", type=Path, default=None, help="target folder to copy too (default: the drafter alone)")
     e.add_argument("--drafter", type=Path, required=True)
     e.add_argument("--out", type=Path, required=True)
     e.add_argument("--dtype", choices=CLI_DTYPES, default="float16")
@@ -230,8 +233,16 @@ def _setup(args: argparse.Namespace) -> None:
     seed_everything(args.seed)
 
 
-def _layer_ids(text: str | None) -> tuple[int, ...] | None:
-    return parse_int_list(text, what="--target-layers") if text else None
+def _layer_ids(text: str | None, target: Any = None, draft_layers: int = 1) -> tuple[int, ...] | None:
+    """``--target-layers``: comma-separated ids, ``dflash`` (one layer per draft layer, spread as the
+    released DFlash drafters do) or None (every layer)."""
+    if not text:
+        return None
+    if text.strip() == "dflash":
+        from bastion.drafters.dflash import default_target_layer_ids
+
+        return default_target_layer_ids(int(target.config.num_hidden_layers), draft_layers)
+    return parse_int_list(text, what="--target-layers")
 
 
 def _tokenizer_or_none(name: str) -> Any:
@@ -329,7 +340,7 @@ def run_features(args: argparse.Namespace) -> int:
     ctx = setup(args.device)
     try:
         target = load_frozen_target(args.target, ctx.device, args.dtype)
-        layers = _layer_ids(args.target_layers) or tuple(range(target.config.num_hidden_layers))
+        layers = _layer_ids(args.target_layers, target, size(args, "draft_layers")) or tuple(range(target.config.num_hidden_layers))
         seqs = load_continuations(args.data)
         store = write_features(target, seqs, layers, args.out, ctx)
         if ctx.is_main:
@@ -378,7 +389,7 @@ def run_drafter(args: argparse.Namespace) -> int:
         tok = _tokenizer_or_none(args.target)
         target = load_frozen_target(args.target, ctx.device, args.dtype)
         seqs = load_continuations(args.data)
-        layers = _layer_ids(args.target_layers)
+        layers = _layer_ids(args.target_layers, target, size(args, "draft_layers"))
         cfg = DrafterTrainConfig(
             num_layers=size(args, "draft_layers"), block_size=size(args, "block_size"), target_layer_ids=layers,
             anchors_per_seq=size(args, "anchors"), seqs_per_step=size(args, "seqs_per_step"),
@@ -402,7 +413,7 @@ def run_export(args: argparse.Namespace) -> int:
     from bastion.training.export import export_pair
 
     out = export_pair(args.target, args.drafter, args.out, parse_dtype(args.dtype))
-    print(f"exported target + drafter to {out}")
+    print(f"exported {'target + ' if args.target is not None else ''}drafter ({args.dtype}) to {out}")
     return 0
 
 
@@ -435,6 +446,6 @@ STAGES: tuple[Stage, ...] = (
     Stage("distill", "the target's greedy continuations of your prompts or the bundled ones (resumable, torchrun)", (_distill_stage,), run_distill),
     Stage("features", "precompute the target features the drafter reads (resumable, torchrun)", (_features_stage,), run_features),
     Stage("drafter", "train a DFlash drafter for a target (resumable, torchrun)", (_drafter_stage,), run_drafter),
-    Stage("export", "write float16 copies of a target + drafter (e.g. into the package)", (_export_stage,), run_export),
+    Stage("export", "write half-precision copies of a drafter (and its target) in the released format", (_export_stage,), run_export),
     Stage("all", "every demo stage in order under one folder", (_all_stage,), run_all),
 )

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from bastion.distributed import DistContext, barrier, shard
 from bastion.training.loop import load_checkpoint, save_checkpoint
 
-__all__ = ["DistillConfig", "DistillSequence", "generate_continuations", "load_continuations"]
+__all__ = ["DistillConfig", "DistillSequence", "generate_continuations", "distill_part", "merge_parts", "load_continuations"]
 
 
 @attrs.frozen
@@ -92,6 +92,24 @@ def _continue(model, tokenizer, items: Sequence[tuple[int, str, str]], path: Pat
     bar.close()
 
 
+def distill_part(
+    model, tokenizer, prompts: Sequence[tuple[str, str]], out_path: Path, cfg: DistillConfig, ctx: DistContext
+) -> None:
+    """Continue this rank's share of ``prompts`` into its part file (``out_path`` itself for one rank)."""
+    items = shard([(i, src, text) for i, (src, text) in enumerate(prompts)], ctx)
+    _continue(model, tokenizer, items, _part_path(Path(out_path), ctx), cfg, ctx.is_main)
+
+
+def merge_parts(out_path: Path, n_prompts: int, world_size: int) -> None:
+    """Merge the part files of ``world_size`` ranks into ``out_path``, in prompt order, and delete them."""
+    out_path = Path(out_path)
+    parts = [_part_path(out_path, DistContext(rank=r, world_size=world_size)) for r in range(world_size)]
+    rows = sorted((row for p in parts for row in (load_checkpoint(p) or {"rows": []})["rows"]), key=lambda r: r["index"])
+    save_checkpoint(out_path, done=n_prompts, rows=rows)
+    for p in parts:
+        p.unlink(missing_ok=True)
+
+
 def generate_continuations(
     model,
     tokenizer,
@@ -105,16 +123,10 @@ def generate_continuations(
     model.eval()
     done = load_checkpoint(out_path) if ctx.world_size > 1 else None
     if done is None or done.get("done") != len(prompts):
-        items = shard([(i, src, text) for i, (src, text) in enumerate(prompts)], ctx)
-        part = _part_path(out_path, ctx)
-        _continue(model, tokenizer, items, part, cfg, ctx.is_main)
+        distill_part(model, tokenizer, prompts, out_path, cfg, ctx)
         barrier(ctx)
         if ctx.world_size > 1 and ctx.is_main:
-            parts = [_part_path(out_path, attrs.evolve(ctx, rank=r)) for r in range(ctx.world_size)]
-            rows = sorted((row for p in parts for row in (load_checkpoint(p) or {"rows": []})["rows"]), key=lambda r: r["index"])
-            save_checkpoint(out_path, done=len(prompts), rows=rows)
-            for p in parts:
-                p.unlink(missing_ok=True)
+            merge_parts(out_path, len(prompts), ctx.world_size)
         barrier(ctx)
     return load_continuations(out_path)
 

@@ -38,15 +38,19 @@ def _export_drafter(src: Path, dst: Path, dtype: torch.dtype) -> None:
         shutil.copy2(src / "train_summary.json", dst / "train_summary.json")
 
 
-def export_pair(target_dir: Path, drafter_dir: Path, out_dir: Path, dtype: torch.dtype = torch.float16) -> Path:
-    """Write ``out_dir/target`` and ``out_dir/drafter`` (replacing earlier exports) and return ``out_dir``."""
+def export_pair(target_dir: Path | None, drafter_dir: Path, out_dir: Path, dtype: torch.dtype = torch.float16) -> Path:
+    """Write ``out_dir/target`` (unless ``target_dir`` is None: a drafter for a hub target is shipped
+    alone) and ``out_dir/drafter`` (replacing earlier exports) and return ``out_dir``."""
     out_dir = Path(out_dir)
-    for name, fn, src in (("target", _export_target, Path(target_dir)), ("drafter", _export_drafter, Path(drafter_dir))):
+    parts = [("drafter", _export_drafter, Path(drafter_dir))]
+    if target_dir is not None:
+        parts.insert(0, ("target", _export_target, Path(target_dir)))
+    for name, fn, src in parts:
         dst = out_dir / name
         if dst.exists():
             shutil.rmtree(dst)
         dst.mkdir(parents=True)
         fn(src, dst, dtype)
-    manifest = {"target": "target", "drafter": "drafter", "dtype": str(dtype).replace("torch.", "")}
+    manifest = {"target": "target" if target_dir is not None else None, "drafter": "drafter", "dtype": str(dtype).replace("torch.", "")}
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return out_dir
