@@ -166,8 +166,8 @@ def test_best_first_threshold_path_equals_the_full_width_tree(max_nodes: int) ->
     assert torch.equal(fast.log_scores, full.log_scores)
 
 
-def test_best_first_threshold_path_never_runs_a_full_width_top_k(monkeypatch: pytest.MonkeyPatch) -> None:
-    m = _flat_marginals()
+def test_best_first_threshold_path_ranks_only_the_depths_that_can_hold_a_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = _flat_marginals(depth=6)
     real_topk, calls = torch.topk, []
 
     def counting_topk(x: torch.Tensor, k: int, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -176,5 +176,6 @@ def test_best_first_threshold_path_never_runs_a_full_width_top_k(monkeypatch: py
 
     monkeypatch.setattr(torch, "topk", counting_topk)
     BestFirstBuilder(probe_k=4).build(m, root_token=0, max_nodes=300)
-    wide = [(shape, k) for shape, k in calls if k > 5 and shape[0] > 1]  # more than probe + sentinel, several rows
-    assert calls and not wide, calls
+    wide = [(shape, k) for shape, k in calls if k > 5]  # more than probe + sentinel
+    assert len(wide) == 1, calls  # one top-k after the probe
+    assert wide[0][0][0] < m.depth  # over the live depths only, never the whole block

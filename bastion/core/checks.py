@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from bastion.core.errors import ComponentError, IncompatibleComponentsError, InvalidInputError
+from bastion.core.sync import to_host
 from bastion.core.tree import Tree
 from bastion.core.types import Marginals, Verdict
 
@@ -90,14 +91,14 @@ def check_marginals(marginals: Any, vocab_size: int, drafter: object) -> Margina
 def check_verdict(verdict: Any, tree: Tree, vocab_size: int, verifier: object) -> list[int]:
     """The accepted nodes of ``verdict`` must be a parent chain from the root of ``tree``, its accepted
     tokens the nodes' tokens, and its bonus token inside the vocabulary. Returns the nodes (host list).
-    One transfer of the path's parents and tokens (2 m integers) from the tree's device."""
+    Reads the tree's host copy (:meth:`Tree.on_host`), so it costs no device transfer."""
     who = f"verifier {_name(verifier)}"
     if not isinstance(verdict, Verdict):
         raise ComponentError(f"{who} returned {type(verdict).__name__}; it must return bastion.core.Verdict")
     nodes_t = verdict.accepted_nodes
     if not isinstance(nodes_t, torch.Tensor) or nodes_t.dim() != 1 or nodes_t.dtype not in (torch.long, torch.int32, torch.int):
         raise ComponentError(f"{who}: accepted_nodes must be a 1-D integer tensor, got {getattr(nodes_t, 'shape', nodes_t)!r}")
-    nodes = nodes_t.tolist()
+    nodes = nodes_t.tolist() if nodes_t.device.type == "cpu" else to_host(nodes_t, "verdict nodes")
     n = len(tree)
     if not nodes or nodes[0] != 0:
         raise ComponentError(f"{who}: the accepted path must start at the root (node 0), got {nodes}")
@@ -110,8 +111,9 @@ def check_verdict(verdict: Any, tree: Tree, vocab_size: int, verifier: object) -
     if not 0 <= verdict.bonus_token < vocab_size:
         raise ComponentError(f"{who}: bonus token {verdict.bonus_token} lies outside the vocabulary [0, {vocab_size})")
     if len(nodes) > 1:
-        idx = torch.tensor(nodes[1:], dtype=torch.long, device=tree.parents.device)
-        parents, tokens = torch.stack((tree.parents[idx], tree.tokens[idx])).tolist()  # [2, m - 1]
+        host = tree.on_host()  # the builder's host copy: no device read
+        parents = [host.parents[i] for i in nodes[1:]]
+        tokens = [host.tokens[i] for i in nodes[1:]]
         for prev, node, parent in zip(nodes, nodes[1:], parents):
             if parent != prev:
                 raise ComponentError(
@@ -131,9 +133,9 @@ def check_greedy_verdict(verdict: Verdict, tree: Tree, logits: torch.Tensor, ver
     argmax at its parent and the bonus token is the argmax at the last node (stopping early stays
     allowed: it is lossless, only slower). One extra transfer of ``n`` integers."""
     who = f"verifier {_name(verifier)}"
-    best = logits.argmax(dim=-1).tolist()  # [n]
+    best = to_host(logits.argmax(dim=-1), "strict greedy check")  # [n]; opt-in, one extra read
     nodes = verdict.accepted_nodes.tolist()
-    tokens = tree.tokens.tolist()
+    tokens = list(tree.on_host().tokens)
     for prev, node in zip(nodes, nodes[1:]):
         if tokens[node] != best[prev]:
             raise ComponentError(

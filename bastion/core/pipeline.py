@@ -32,7 +32,7 @@ from bastion.core.sampling import PositionalStream, at_position, check_seed, sam
 from bastion.core.sync import device_sync
 from bastion.core.target import Target
 from bastion.core.text import TextTracker, check_stop_strings
-from bastion.core.tree import Tree
+from bastion.core.tree import HostTree, Tree
 from bastion.core.types import (
     DraftContext,
     DraftStep,
@@ -503,7 +503,9 @@ class Pipeline:
         decision: BudgetDecision | None = None
         drafting = drafting and max_depth >= 1  # one token left to emit or no position to draft into: plain
         if not drafting:
-            tree = Tree(torch.tensor([root], device=self.target.device), *self._root_only)
+            tree = Tree(
+                torch.tensor([root], device=self.target.device), *self._root_only, host=HostTree((root,), (-1,), (0,), (0.0,))
+            )
             n = 1
             t1 = t2 = t3 = time.perf_counter()
         else:
@@ -516,13 +518,13 @@ class Pipeline:
             if self.validate_trees:
                 _validate_built(tree, root, self.target.vocab_size)
             t2 = time.perf_counter()
-            decision = self.budget_controller.decide(tree.log_scores, ctx, self.latency_model, self._overhead_s)
+            scores = tree.log_scores_cpu()  # [n_max] from the builder's host copy: no device read
+            decision = self.budget_controller.decide(scores, ctx, self.latency_model, self._overhead_s)
             n = _checked_size(self.budget_controller, decision, len(tree))
             tree = tree.truncate(n)
             t3 = time.perf_counter()
         out = self.target.forward_tree(tree, layers)
-        self._sync()
-        t4 = time.perf_counter()
+        t4 = time.perf_counter()  # on an asynchronous device the verifier's host read below waits for the forward
         if stream is not None:  # node i samples position ctx + depth_i + 1: the same draw whatever the tree
             sampling = stream.for_tree(sampling, ctx, tree.depths)
         verdict = self.verifier.verify(tree, out.logits, sampling, generator)
@@ -536,20 +538,19 @@ class Pipeline:
             self.drafter.commit(tree.tokens[nodes], None if out.features is None else out.features[nodes])
         else:  # the drafter stays current from the features the plain forward already produced
             self.drafter.commit(tree.tokens, out.features)
-        self._sync()
-        t6 = time.perf_counter()
+        t6 = time.perf_counter()  # no sync: the next step's first host read absorbs queued commit work
         self._plain_steps = 0 if drafting else self._plain_steps + 1
         # plain steps all time n = 1: the first of a run and then one in _PLAIN_LATENCY_EVERY will do
         if drafting or (self._plain_steps - 1) % _PLAIN_LATENCY_EVERY == 0:
-            self.latency_model.observe(n, ctx, t4 - t3)
-        non_verify = (t3 - t0) + (t6 - t4)
+            self.latency_model.observe(n, ctx, t5 - t3)  # forward + the read of its choices
+        non_verify = (t3 - t0) + (t6 - t5)
         self.budget_controller.observe(
             StepFeedback(
                 drafted=drafting,
-                log_scores=tree.log_scores,
+                log_scores=tree.log_scores_cpu(),
                 accepted_nodes=nodes,
                 context_len=ctx,
-                verify_s=t4 - t3,
+                verify_s=t5 - t3,
                 overhead_s=non_verify,
             )
         )

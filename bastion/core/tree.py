@@ -12,7 +12,21 @@ from attrs import field, frozen
 
 from bastion.core.errors import InvalidInputError, TreeValidationError
 
-__all__ = ["Tree"]
+__all__ = ["Tree", "HostTree"]
+
+
+@frozen
+class HostTree:
+    """The same tree as host tuples. Builders that decide the tree shape on the host attach it, so the
+    decode step never reads the tree back from the device (controllers, verifiers, checks use it)."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    log_scores: tuple[float, ...]
+
+    def truncate(self, n: int) -> "HostTree":
+        return HostTree(self.tokens[:n], self.parents[:n], self.depths[:n], self.log_scores[:n])
 
 
 @frozen
@@ -21,6 +35,27 @@ class Tree:
     parents: torch.Tensor = field(eq=False)  # [n] long, parent index; parents[0] == -1
     depths: torch.Tensor = field(eq=False)  # [n] long, depth below the root; depths[0] == 0
     log_scores: torch.Tensor = field(eq=False)  # [n] float, log rho = sum of log q_k on the path; root 0.0
+    #: optional host copy of the four fields (see :meth:`on_host`); never compared
+    host: HostTree | None = field(default=None, eq=False, repr=False, kw_only=True)
+
+    def on_host(self) -> HostTree:
+        """The tree as host tuples: the attached copy, or one counted host read of the device tensors."""
+        if self.host is not None:
+            return self.host
+        from bastion.core.sync import to_host
+
+        tok, par, dep, sco = to_host(
+            torch.stack((self.tokens, self.parents, self.depths, self.log_scores.double())).double(), "tree"
+        )
+        return HostTree(
+            tuple(int(t) for t in tok), tuple(int(p) for p in par), tuple(int(d) for d in dep), tuple(sco)
+        )
+
+    def log_scores_cpu(self) -> torch.Tensor:
+        """``log_scores`` as a CPU FloatTensor [n] (from the host copy when there is one)."""
+        if self.host is not None:
+            return torch.tensor(self.host.log_scores, dtype=torch.float32)
+        return torch.tensor(self.on_host().log_scores, dtype=torch.float32)
 
     @classmethod
     def from_parents(
@@ -55,6 +90,8 @@ class Tree:
 
     @property
     def max_depth(self) -> int:
+        if self.host is not None:
+            return max(self.host.depths)
         return int(self.depths.max().item())
 
     def truncate(self, n: int) -> "Tree":
@@ -65,7 +102,8 @@ class Tree:
             raise InvalidInputError(f"cannot truncate a tree of {len(self)} nodes to {n} (need 1 <= n <= {len(self)})")
         if n == len(self):
             return self
-        return Tree(self.tokens[:n], self.parents[:n], self.depths[:n], self.log_scores[:n])
+        host = None if self.host is None else self.host.truncate(n)
+        return Tree(self.tokens[:n], self.parents[:n], self.depths[:n], self.log_scores[:n], host=host)
 
     def ancestor_mask(self) -> torch.Tensor:
         """BoolTensor[n, n]: ``mask[i, j]`` is True iff node j is node i or one of its ancestors."""

@@ -56,12 +56,14 @@ class Marginals:
             raise InvalidInputError(f"Marginals.log_probs must be floating point, got {lp.dtype}")
 
     @classmethod
-    def from_logits(cls, logits: torch.Tensor, temperature: float = 1.0) -> "Marginals":
+    def from_logits(cls, logits: torch.Tensor, temperature: float = 1.0, *, validate: bool = True) -> "Marginals":
         """Normalize raw logits ``[K, V]`` into per-depth log-probabilities.
 
         ``temperature`` divides the logits first (it must be > 0; a greedy pipeline uses 1.0).
         NaN or infinite logits are rejected with :class:`InvalidInputError` (``-inf`` entries are
         allowed as long as every row keeps at least one finite value: they mark banned tokens).
+        ``validate=False`` skips that check and its host read (a decode step's drafter uses it: every
+        built-in tree builder rejects NaN marginals in its own single transfer).
         """
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
             raise InvalidInputError(
@@ -72,12 +74,17 @@ class Marginals:
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
             raise InvalidInputError(f"temperature must be a finite number > 0, got {temperature!r}")
         x = logits.float()
+        if not validate:
+            return cls(torch.log_softmax(x / temperature if temperature != 1.0 else x, dim=-1))
         # one reduction pass and one host transfer: amax propagates NaN, is +inf iff the row holds +inf,
         # and is -inf iff the whole row is -inf
         row_max = x.amax(dim=-1)  # [K]
-        bad_nan, bad_pos, bad_neg = torch.stack(
-            (torch.isnan(row_max).any(), torch.isposinf(row_max).any(), torch.isneginf(row_max).any())
-        ).tolist()
+        from bastion.core.sync import to_host
+
+        bad_nan, bad_pos, bad_neg = to_host(
+            torch.stack((torch.isnan(row_max).any(), torch.isposinf(row_max).any(), torch.isneginf(row_max).any())),
+            "marginals check",
+        )
         if bad_nan or bad_pos:
             raise InvalidInputError("logits contain NaN or +inf values")
         if bad_neg:

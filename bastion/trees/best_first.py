@@ -107,43 +107,32 @@ def threshold_candidates(
 ) -> Candidates:
     """Every candidate of an optimal tree whose last node scores at least ``floor``, per depth, sorted.
 
-    Depth 1 takes its exact top-``k`` (one top-k over a single row). When that row holds
-    ``max_nodes - 1`` ranks, they alone make a tree of ``max_nodes`` nodes, so the optimal tree's last
-    score is at least the last of them as well as ``floor``. A node at depth ``d`` below a parent scoring ``s_p`` scores ``s_p + log q_d(x)``, and no
-    parent at depth ``d - 1`` scores more than ``B[d - 1]`` (the sum of each shallower depth's best
-    log-probability, read off ``probe``'s rank 0). So a deeper token can only enter the tree when
-    ``log q_d(x) >= floor - B[d - 1]``: one comparison pass over the depths whose threshold lies below
-    their best token, a device sort of the survivors and one host transfer. Rows are cut at ``k`` ranks;
-    there is no other rank cap, so the result is exact.
+    A node at depth ``d`` below a parent scoring ``s_p`` scores ``s_p + log q_d(x)``, and no parent at
+    depth ``d - 1`` scores more than ``B[d - 1]`` (the sum of each shallower depth's best
+    log-probability, read off ``probe``'s rank 0). So a token can only enter the tree when
+    ``log q_d(x) >= floor - B[d - 1]``, and a depth whose best token misses its bound holds no node at
+    all. The depths that can hold a node take their top-``k`` in ONE top-k over just those rows and
+    ONE host transfer; the host then keeps the tokens that clear their bound. Depth 1 keeps all its
+    ``k`` ranks (its bound is the floor itself; when it holds ``max_nodes - 1`` ranks they alone make a
+    full tree). No rank cap beyond ``k``: the result is exact.
     """
-    first = top_candidates(log_probs, 1, k)
-    if len(first.values[0]) >= max_nodes - 1:
-        floor = max(floor, first.values[0][max_nodes - 2])
     best = [row[0] for row in probe.values]  # [D] rank-0 log-probability per depth
-    limits, above = [], best[0]
-    for top in best[1:]:
+    limits, above = [], 0.0
+    for top in best:
         limits.append(floor - above - _SLACK)
         above += top
-    live = [d + 1 for d, lim in enumerate(limits) if lim <= best[d + 1]]  # deeper depths that can hold a node
-    values: list[list[float]] = [first.values[0]] + [[] for _ in best[1:]]
-    tokens: list[list[int]] = [first.tokens[0]] + [[] for _ in best[1:]]
-    if not live:
-        return Candidates(values, tokens)
-    lp = log_probs.index_select(0, torch.tensor(live, device=log_probs.device))  # [L, V]
-    thr = torch.tensor([limits[d - 1] for d in live], dtype=lp.dtype, device=lp.device)  # [L]
-    hit = (lp >= thr[:, None]).nonzero()  # [M, 2] (row of lp, token), row-major: tokens ascending per row
-    vals = lp[hit[:, 0], hit[:, 1]]  # [M]
-    order = torch.argsort(vals, descending=True, stable=True)  # ties keep the lower token first
-    order = order[torch.argsort(hit[order, 0], stable=True)]  # group by row, values descending inside
-    row, vals, tok = hit[order, 0], vals[order], hit[order, 1]  # [M] each
-    start = torch.searchsorted(row, row, right=False)  # [M] index of each row's first survivor
-    keep = (torch.arange(row.numel(), device=row.device) - start) < k  # [M] rank within row < k
-    # one device -> host copy; token ids < 2**53 are exact in float64
-    packed = torch.stack((row[keep].double(), vals[keep].double(), tok[keep].double())).tolist()  # [3][M']
-    for r, value, token in zip(*packed):
-        d = live[int(r)]
-        values[d].append(value)
-        tokens[d].append(int(token))
+    live = [0] + [d for d in range(1, len(best)) if limits[d] <= best[d]]  # depths that can hold a node
+    rows = log_probs.index_select(0, torch.tensor(live, device=log_probs.device))  # [L, V]
+    picked = top_candidates(rows, len(live), k)  # one top-k, one host transfer
+    values: list[list[float]] = [[] for _ in best]
+    tokens: list[list[int]] = [[] for _ in best]
+    values[0], tokens[0] = picked.values[0], picked.tokens[0]
+    if len(values[0]) >= max_nodes - 1:  # depth 1 alone fills a tree: the optimal last score is at least this
+        floor = max(floor, values[0][max_nodes - 2])
+        limits = [lim + (floor - limits[0] - _SLACK) for lim in limits]
+    for r, d in enumerate(live[1:], start=1):
+        keep = sum(1 for v in picked.values[r] if v >= limits[d])
+        values[d], tokens[d] = picked.values[r][:keep], picked.tokens[r][:keep]
     return Candidates(values, tokens)
 
 

@@ -22,7 +22,8 @@ import torch
 
 from bastion.core.checks import check_int
 from bastion.core.errors import InvalidInputError
-from bastion.core.tree import Tree
+from bastion.core.sync import to_host
+from bastion.core.tree import HostTree, Tree
 from bastion.core.types import Marginals
 
 __all__ = ["Candidates", "check_build_args", "check_optional_positive", "top_candidates", "make_tree"]
@@ -80,7 +81,7 @@ def top_candidates(log_probs: torch.Tensor, depth: int, k: int) -> Candidates:
     else:
         vals, idx = torch.topk(log_probs[:depth], k, dim=-1, sorted=True)  # [D, k], [D, k]
     # one device -> host copy; token ids < 2**53 are exact in float64
-    packed = torch.stack((vals.to(torch.float64), idx.to(torch.float64))).tolist()  # [2][D][k]
+    packed = to_host(torch.stack((vals.to(torch.float64), idx.to(torch.float64))), "tree candidates")  # [2][D][k]
     values: list[list[float]] = packed[0]
     tokens = [[int(t) for t in row] for row in packed[1]]
     for d, row in enumerate(values):
@@ -105,9 +106,12 @@ def make_tree(
     device: torch.device,
 ) -> Tree:
     """Pack host lists into a :class:`Tree` on ``device`` (tokens/parents/depths long, scores float32)."""
+    scores_cpu = torch.tensor(scores, dtype=torch.float32)  # [n] rounded once: host and device agree
+    host = HostTree(tuple(tokens), tuple(parents), tuple(depths), tuple(scores_cpu.tolist()))
     return Tree(
         tokens=torch.tensor(tokens, dtype=torch.long, device=device),
         parents=torch.tensor(parents, dtype=torch.long, device=device),
         depths=torch.tensor(depths, dtype=torch.long, device=device),
-        log_scores=torch.tensor(scores, dtype=torch.float32, device=device),
+        log_scores=scores_cpu.to(device),
+        host=host,  # the step reads the shape from here, never back from the device
     )

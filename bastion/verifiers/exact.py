@@ -21,6 +21,7 @@ import torch
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import Verifier
 from bastion.core.sampling import sample_tokens
+from bastion.core.sync import to_host
 from bastion.core.tree import Tree
 from bastion.core.types import SamplingConfig, Verdict
 
@@ -60,9 +61,10 @@ class ExactVerifier(Verifier):
             )
         choices = sample_tokens(logits, sampling, generator)  # [n], one target choice per node
         # one device -> host transfer per step: the walk itself is a handful of integer compares
-        choice_list = choices.tolist()
-        tokens = tree.tokens.tolist()
-        path = walk_tree(tokens, tree.parents.tolist(), choice_list)
+        choice_list = to_host(choices, "verify")  # the step's one read of the target's choices
+        host = tree.on_host()  # attached by the builder: no device read
+        tokens = list(host.tokens)
+        path = walk_tree(tokens, list(host.parents), choice_list)
         return Verdict(
             accepted_nodes=torch.tensor(path, dtype=torch.long),
             accepted_tokens=tuple(tokens[i] for i in path[1:]),

@@ -208,7 +208,8 @@ class DFlashDrafter(Drafter):
             block_positions=positions,
             past_context=self._cache.view(spare=self.block_size),
         )[0]  # [K, V]
-        return Marginals.from_logits(logits[:k].float(), temperature=step.temperature)
+        # no validation read here: the tree builder's one transfer rejects NaN marginals
+        return Marginals.from_logits(logits[:k].float(), temperature=step.temperature, validate=False)
 
     # ---------------------------------------------------------------- cache
     def _push(self, features: torch.Tensor) -> None:

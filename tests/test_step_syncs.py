@@ -1,0 +1,62 @@
+"""A decode step waits for the device at most three times: every host read in the step goes through
+``bastion.core.sync.to_host`` / ``device_sync``, which ``count_syncs`` counts (the same count on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bastion
+from bastion.core.hf_target import HFTarget
+from bastion.core.sync import count_syncs, to_host
+from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel, DFlashDrafter
+from bastion.testing.tiny import tiny_model
+
+MAX_SYNCS_PER_STEP = 3
+
+
+@pytest.fixture(scope="module", params=["fixed", "bastion"])
+def pipe(request: pytest.FixtureRequest) -> bastion.Pipeline:
+    torch.manual_seed(0)
+    target = HFTarget(tiny_model("qwen3", seed=0))
+    cfg = DFlashConfig.for_target(target.config, num_layers=1, block_size=6, target_layer_ids=(0, 1), mask_token_id=255)
+    drafter = DFlashDrafter(DFlashDraftModel(cfg), device="cpu", dtype=torch.float32)
+    options = {"budget": 8} if request.param == "fixed" else {}
+    controller = bastion.registry.create("budget_controller", request.param, **options)
+    return bastion.Pipeline(target=target, drafter=drafter, budget_controller=controller)
+
+
+def _step_syncs(pipe: bastion.Pipeline, temperature: float) -> list[int]:
+    """Host reads of each decode step (prefill excluded) of one generation."""
+    per_step: list[int] = []
+    original = pipe._step
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        with count_syncs() as counter:
+            outcome = original(*args, **kwargs)
+        per_step.append(counter.count)
+        return outcome
+
+    pipe._step = counted  # type: ignore[method-assign]
+    try:
+        pipe.generate(torch.tensor([[5, 9, 12, 40]]), max_new_tokens=24, temperature=temperature, seed=1, stop_on_eos=False)
+    finally:
+        del pipe._step
+    return per_step
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_decode_step_syncs_at_most_three_times(pipe: bastion.Pipeline, temperature: float) -> None:
+    counts = _step_syncs(pipe, temperature)
+    assert counts and max(counts) <= MAX_SYNCS_PER_STEP, counts
+
+
+def test_the_counter_sees_host_reads_made_inside_it_only() -> None:
+    x = torch.arange(3)
+    to_host(x)
+    with count_syncs() as counter:
+        to_host(x, "a")
+        to_host(x, "b")
+    to_host(x)
+    assert counter.count == 2 and counter.sites == ["a", "b"]
+
