@@ -106,7 +106,7 @@ def test_unknown_kind_and_unknown_name_raise_clear_errors():
     reg.register("verifier", "only", lambda: None)
     with pytest.raises(UnknownComponentError, match="unknown component kind 'drafters'"):
         reg.names("drafters")
-    with pytest.raises(UnknownComponentError, match="no verifier named 'missing'; registered: only"):
+    with pytest.raises(UnknownComponentError, match="no verifier named 'missing'. Registered: only"):
         reg.create("verifier", "missing")
     with pytest.raises(ValueError, match="non-empty strings"):
         reg.register("verifier", "", lambda: None)
@@ -196,6 +196,17 @@ def test_a_blocked_plugin_is_not_imported_or_registered(fake_plugin_dist, monkey
     assert ep in reg.blocked()
     assert ep not in sys.modules
     assert set(Registry(load_entry_points=False).names("tree_builder")) <= set(reg.names("tree_builder"))
+
+
+def test_a_name_not_found_suggests_near_names_and_mentions_blocked_plugins(fake_plugin_dist, monkeypatch):
+    ep = fake_plugin_dist("fake-good-dist", "fake_good_plugin", GOOD)
+    monkeypatch.setenv(BLOCK_ENV, ep)
+    reg = Registry()
+    with pytest.raises(UnknownComponentError) as err:
+        reg.create("drafter", "fake-good")
+    assert f"Blocked by {BLOCK_ENV}: {ep}" in str(err.value)
+    with pytest.raises(UnknownComponentError, match="did you mean 'best-first'"):
+        reg.create("tree_builder", "best_first")
 
 
 def test_a_plugin_that_raises_on_import_is_reported_by_name_and_builtins_still_work(fake_plugin_dist):

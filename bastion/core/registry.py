@@ -11,6 +11,7 @@ is reported with a :class:`PluginLoadError` warning naming it; built-ins and oth
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import os
@@ -113,11 +114,19 @@ class Registry:
         try:
             return self._components[(kind, name)]
         except KeyError:
-            known = ", ".join(self.names(kind)) or "none"
-            hint = ""
-            if self._failures:
-                hint = " Plugins that failed to load: " + ", ".join(f"{f.plugin} ({f.source})" for f in self._failures) + "."
-            raise UnknownComponentError(f"no {kind} named {name!r}; registered: {known}.{hint}") from None
+            raise UnknownComponentError(self._not_found(kind, name)) from None
+
+    def _not_found(self, kind: str, name: str) -> str:
+        """Why ``name`` is not a registered ``kind``: near names, and plugins blocked or failed to load."""
+        names = self.names(kind)
+        near = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        msg = f"no {kind} named {name!r}" + (f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ".")
+        msg += f" Registered: {', '.join(names) or 'none'}."
+        if self._blocked:
+            msg += f" Blocked by {BLOCK_ENV}: {', '.join(self._blocked)} (their components are not registered)."
+        if self._failures:
+            msg += " Plugins that failed to load: " + ", ".join(f"{f.plugin} ({f.source})" for f in self._failures) + "."
+        return msg
 
     def create(self, kind: str, name: str, **options: Any) -> Any:
         """Instantiate component ``name`` of ``kind`` with keyword ``options``."""
