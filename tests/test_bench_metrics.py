@@ -150,4 +150,5 @@ def test_cost_gap_splits_the_per_token_time_difference_by_stage() -> None:
     assert gap[0][1] == pytest.approx(2 * 0.1 / 24)
     assert sum(d for _, d in gap) == pytest.approx(ours.wall_s / ours.new_tokens - chain.wall_s / chain.new_tokens)
     table = targets_table(aggregate(runs), summarize(aggregate(runs)))
-    assert "| gsm8k | 1.00 missed | 0.86 missed | 0.57 missed | other +8.33 |" in table
+    assert "| gsm8k | 1.00 below | 0.86 below | 0.57 below | other +8.33 |" in table
+    assert "(paper: >= 1.30)" in table

@@ -139,20 +139,20 @@ def _gap_text(mine: MethodStats | None, other: MethodStats | None, top: int = 2)
 
 
 def targets_table(stats: Sequence[MethodStats], summary: Sequence[DatasetSummary]) -> str:
-    """Each dataset against the targets (acceptance and speedup vs chain, speedup vs the best fixed
-    budget), with the stages where bastion spends more time per token than chain and than the best
+    """Each dataset next to the gains the BASTION paper reports (acceptance and speedup vs chain; a
+    speedup matching the best fixed budget): reference figures, not guarantees of this setup; with the stages where bastion spends more time per token than chain and than the best
     fixed budget (ms per generated token)."""
     header = [
         "dataset",
-        f"accept vs chain (>= {TARGET_ACCEPT_VS_CHAIN:.2f})",
-        f"speedup vs chain (>= {TARGET_SPEEDUP_VS_CHAIN:.2f})",
-        f"speedup vs best N (>= {1 - MATCH_TOLERANCE:.2f})",
+        f"accept vs chain (paper: >= {TARGET_ACCEPT_VS_CHAIN:.2f})",
+        f"speedup vs chain (paper: >= {TARGET_SPEEDUP_VS_CHAIN:.2f})",
+        f"speedup vs best N (paper: matches, >= {1 - MATCH_TOLERANCE:.2f})",
         "bastion extra ms/token vs chain",
         "bastion extra ms/token vs best N",
     ]
 
     def mark(x: float | None, goal: float) -> str:
-        return "-" if x is None else f"{x:.2f} {'met' if x >= goal else 'missed'}"
+        return "-" if x is None else f"{x:.2f} {'at or above' if x >= goal else 'below'}"
 
     rows = []
     for d in summary:
@@ -250,7 +250,10 @@ def markdown_report(run: BenchRun) -> str:
         "",
         summary_table(run.summary),
         "",
-        "### Against the targets",
+        "### Compared with the paper's reported gains",
+        "",
+        "The BASTION paper reports these gains on GPUs with large targets; this run's ratios are shown next "
+        "to them for reference, not as guarantees.",
         "",
         targets_table(run.stats, run.summary),
         "",

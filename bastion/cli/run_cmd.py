@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     from bastion.distributed import setup, teardown
     from bastion.run.runner import RunConfig, run_prompts
 
+    from bastion.cli.options import configure_output
+
+    configure_output(args.verbose)
     if args.threads:
         torch.set_num_threads(args.threads)
     config = RunConfig(
