@@ -42,3 +42,30 @@ def test_target_verify_steps_reuse_the_cache_storage_instead_of_copying_the_cont
         target.forward_tree(tree)
         target.commit(torch.tensor([0, 1, 3]) if step % 2 else torch.tensor([0]))
         assert layer.keys.data_ptr() == storage  # same slab: no per-step concatenation of the context
+
+
+def _fresh_mask(ancestors: torch.Tensor, ctx: int, dtype: torch.dtype) -> torch.Tensor:
+    """The tree mask written out independently: context visible, tree part ancestor-only."""
+    n = ancestors.shape[0]
+    mask = torch.zeros(1, 1, n, ctx + n, dtype=dtype)
+    mask[0, 0, :, ctx:][~ancestors] = torch.finfo(dtype).min
+    return mask
+
+
+def test_tree_mask_buffer_is_reused_across_steps_and_always_equals_a_fresh_mask() -> None:
+    target = HFTarget(tiny_model("qwen3", seed=0))
+    target.prefill(torch.randint(3, 200, (1, 30)))
+    rng = random.Random(1)
+    storage = None
+    for step in range(25):
+        n = rng.randint(2, 12)
+        parents = [-1] + [rng.randrange(i) for i in range(1, n)]
+        tree = Tree.from_parents(torch.randint(3, 200, (n,)), parents)
+        ctx = target.context_len
+        mask = target._tree_mask(tree.ancestor_mask(), ctx)
+        assert torch.equal(mask, _fresh_mask(tree.ancestor_mask(), ctx, target.dtype))
+        if step:
+            assert mask.data_ptr() == storage  # one persistent buffer
+        storage = mask.data_ptr()
+        target.forward_tree(tree)
+        target.commit(torch.tensor([0]))

@@ -142,6 +142,8 @@ class HFTarget(Target):
         self._cache: Any = None
         self._ctx = 0  # committed tokens in the cache
         self._pending = 0  # uncommitted tree nodes at the cache tail
+        self._mask_buf: torch.Tensor | None = None  # [1, 1, rows, cols] persistent tree mask (see _tree_mask)
+        self._mask_block: tuple[int, int, int] | None = None  # (rows, first col, end col) written last
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -314,11 +316,26 @@ class HFTarget(Target):
 
     def _tree_mask(self, ancestors: torch.Tensor, ctx: int) -> torch.Tensor:
         """Additive float mask [1, 1, n, ctx + n]: 0 where attention is allowed, dtype-min elsewhere (the
-        context is fully visible; inside the tree each node sees itself and its ancestors)."""
+        context is fully visible; inside the tree each node sees itself and its ancestors).
+
+        A view of one persistent buffer whose rows are padded to a multiple of 64 columns (aligned for
+        attention kernels): each step clears the previous step's tree block and writes its own, so no
+        step allocates or fills an [n, ctx + n] mask."""
         n = int(ancestors.shape[0])
-        mask = torch.zeros(1, 1, n, ctx + n, dtype=self.dtype, device=ancestors.device)
-        mask[0, 0, :, ctx:].masked_fill_(~ancestors, torch.finfo(self.dtype).min)
-        return mask
+        buf = self._mask_buf
+        if buf is None or buf.shape[2] < n or buf.shape[3] < ctx + n or buf.dtype != self.dtype or buf.device != ancestors.device:
+            rows = _round_up(max(n, 64 if buf is None else buf.shape[2]), 64)
+            cols = _round_up(max(ctx + n, 2 * (0 if buf is None else buf.shape[3])), 64)
+            buf = torch.zeros(1, 1, rows, cols, dtype=self.dtype, device=ancestors.device)
+            self._mask_buf, self._mask_block = buf, None
+        elif self._mask_block is not None:  # the previous tree block is context (or unused) now: visible
+            rows_prev, lo, hi = self._mask_block
+            buf[0, 0, :rows_prev, lo:hi] = 0
+        block = buf[0, 0, :n, ctx : ctx + n]  # [n, n]
+        block.zero_()
+        block.masked_fill_(~ancestors, torch.finfo(self.dtype).min)
+        self._mask_block = (n, ctx, ctx + n)
+        return buf[:, :, :n, : ctx + n]
 
     def _forward(
         self,
@@ -359,3 +376,7 @@ class HFTarget(Target):
         else:
             feats = [tap.outputs[i][0] for i in layers]
         return logits, torch.cat(feats, dim=-1)  # [n, F]
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
