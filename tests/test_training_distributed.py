@@ -111,6 +111,13 @@ def test_two_gloo_ranks_train_the_one_process_drafter_and_resume_after_a_rank_is
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+    # the optimizer moments match too: the same gradients, not only weights that ended up close
+    from bastion.training.loop import load_checkpoint
+
+    opt_a = load_checkpoint(one_process / "checkpoint.pt")["optimizer"]["state"]
+    opt_b = load_checkpoint(out / "checkpoint.pt")["optimizer"]["state"]
+    for i in opt_a:
+        torch.testing.assert_close(opt_b[i]["exp_avg"], opt_a[i]["exp_avg"], rtol=1e-3, atol=1e-6)
 
 
 def test_precomputed_features_train_the_same_drafter_as_online_features(pair: Path, one_process: Path) -> None:
