@@ -152,3 +152,12 @@ def test_cost_gap_splits_the_per_token_time_difference_by_stage() -> None:
     table = targets_table(aggregate(runs), summarize(aggregate(runs)))
     assert "| gsm8k | 1.00 below | 0.86 below | 0.57 below | other +8.33 |" in table
     assert "(paper: >= 1.30)" in table
+
+
+def test_the_latency_plot_range_keeps_the_bulk_and_leaves_a_burst_outlier_off_the_axis():
+    from bastion.bench.plots import latency_axis_range
+
+    bulk = [1.0 + 0.1 * i for i in range(20)]
+    lo, hi, clipped = latency_axis_range([*bulk, 300.0])
+    assert lo <= min(bulk) and hi >= max(bulk) and hi < 300.0 and clipped == 1
+    assert latency_axis_range(bulk)[2] == 0

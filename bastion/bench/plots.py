@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from bastion.bench.methods import ADAPTIVE, AR
 from bastion.bench.metrics import ALL_DATASETS, STAGES, sweep_budget
@@ -115,6 +115,11 @@ def plot_latency_fit(run: BenchRun, path: Path) -> Path | None:
     sc = ax.scatter([n for n, _, _ in pts], [1e3 * s for _, _, s in pts], c=[c for _, c, _ in pts], s=8, cmap="viridis", alpha=0.6)
     fig.colorbar(sc, ax=ax, label="context length")
     ax.plot(grid, [1e3 * float(run.latency_model.predict(n, ctx)) for n in grid], "r-", label=f"model at context {ctx}")
+    lo, hi, clipped = latency_axis_range([1e3 * s for _, _, s in pts])
+    ax.set_yscale("log")
+    ax.set_ylim(lo, hi)
+    if clipped:
+        ax.plot([], [], " ", label=f"{clipped} outlier(s) above the axis not shown")
     err = run.latency.mean_abs_rel_error
     ax.set_title("Verify latency: measured vs model" + ("" if err is None else f" (mean |rel err| {100 * err:.0f}%)"))
     ax.set_xlabel("tree tokens verified (N)")
@@ -124,6 +129,18 @@ def plot_latency_fit(run: BenchRun, path: Path) -> Path | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def latency_axis_range(values_ms: Sequence[float], *, spread: float = 10.0) -> tuple[float, float, int]:
+    """A log-axis range (lo, hi) that keeps the bulk of ``values_ms`` readable: from half the smallest
+    value to 1.5 x the largest value within ``spread`` x the median; and the count of points left above it
+    (bursts of foreign load, not the latency law)."""
+    vals = sorted(v for v in values_ms if v > 0)
+    if not vals:
+        return 0.1, 1.0, 0
+    median = vals[len(vals) // 2]
+    hi = 1.5 * max(v for v in vals if v <= spread * median)
+    return vals[0] / 2, hi, sum(1 for v in vals if v > hi)
 
 
 def plot_stages(run: BenchRun, path: Path) -> Path:

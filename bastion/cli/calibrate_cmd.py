@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from bastion.cli.parsing import positive_int_list
@@ -27,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="timed forwards per (size, context)")
     p.add_argument("--profile", default=None, help="profile JSON file (default: the user cache's latency_profiles.json)")
     p.add_argument("--no-save", action="store_true", help="fit and report without saving the profile")
+    p.add_argument("--force", action="store_true", help="save the profile even when the fit is poor")
     p.add_argument("--plot", default="calibration.png", help="PNG to write (default: calibration.png)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.set_defaults(func=run)
@@ -63,9 +65,16 @@ def run(args: argparse.Namespace) -> int:
     p = model.params
     print(f"fit: a_c={p.a_c:.4g} b_c={p.b_c * 1e3:.4g}ms a_m={p.a_m:.4g} b_m={p.b_m * 1e3:.4g}ms")
     print(f"fit error: median {float(np.median(errors)):.2%}, max {float(errors.max()):.2%} over {len(errors)} points")
-    if not args.no_save:
-        saved = model.save_profile(Path(args.profile) if args.profile else default_profile_path())
-        print(f"profile saved: {saved}")
+    bad = result.bad_fit()
+    if bad:
+        print(f"warning: {bad}", file=sys.stderr)
     if not args.no_plot:
         print(f"plot written: {plot_calibration(result, args.plot)}")
+    if args.no_save:
+        return 0
+    if bad and not args.force:
+        print("profile not saved (poor fit; --force saves it)", file=sys.stderr)
+        return 1
+    saved = model.save_profile(Path(args.profile) if args.profile else default_profile_path())
+    print(f"profile saved: {saved}")
     return 0

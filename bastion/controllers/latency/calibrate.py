@@ -35,8 +35,18 @@ _BRANCHING = 4
 @frozen
 class CalibrationPoint:
     n_tokens: int
-    context_len: int
+    context_len: int  # committed tokens when measured (the requested context plus the probes before it)
     seconds: float  # median over repeats
+    requested_context: int | None = None  # the context length asked for (the plot's series)
+
+    @property
+    def series(self) -> int:
+        return self.context_len if self.requested_context is None else self.requested_context
+
+
+#: a fit is reported as bad above either error (relative to the measured latency)
+BAD_FIT_MEDIAN = 0.25
+BAD_FIT_MAX = 1.0
 
 
 @frozen
@@ -44,6 +54,18 @@ class CalibrationResult:
     model: RooflineLatency = field(eq=False)
     points: tuple[CalibrationPoint, ...] = field(converter=tuple)
     fit: FitResult | None
+
+    def bad_fit(self) -> str | None:
+        """Why the fit is too poor to save (with advice), or None when it is usable."""
+        err = self.rel_errors()
+        median, worst = float(np.median(err)), float(err.max())
+        if median <= BAD_FIT_MEDIAN and worst <= BAD_FIT_MAX:
+            return None
+        return (
+            f"the fit is poor (median error {median:.0%}, max {worst:.0%}): timings this noisy usually mean other "
+            "work on the machine or too few repeats. Retry with more --repeats (5 or more), on an idle machine, "
+            "with contexts and sizes close to real use; pass --force to save it anyway"
+        )
 
     def rel_errors(self) -> np.ndarray:
         """|model - measured| / measured per point [P]."""
@@ -81,6 +103,21 @@ def measure_verify_curve(
     """Time ``target.forward_tree`` for every (size, context) that fits; returns (n, c, [seconds...]).
     ``clock``: wall time by default; ``time.thread_time`` measures one CPU thread's own work, which
     other processes competing for the cores do not inflate (torch on one thread)."""
+    curve = _measure(target, sizes, context_lens, repeats=repeats, warmup=warmup, seed=seed, clock=clock)
+    return [(n, c, times) for n, c, times, _ in curve]
+
+
+def _measure(
+    target: Target,
+    sizes: Iterable[int] = (1, 2, 4, 8, 16, 32, 64, 128),
+    context_lens: Iterable[int] = (64, 512),
+    *,
+    repeats: int = 3,
+    warmup: int = 2,
+    seed: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[tuple[int, int, list[float], int]]:
+    """:func:`measure_verify_curve` with the requested context of each point: (n, c, [seconds], requested)."""
     sizes = sorted({int(n) for n in sizes})
     contexts = sorted({int(c) for c in context_lens})
     if not sizes or sizes[0] < 1 or not contexts or contexts[0] < 1:
@@ -89,7 +126,7 @@ def measure_verify_curve(
         raise InvalidInputError("repeats must be >= 1 and warmup >= 0")
     gen = seeded_generator(seed)
     sync = lambda: device_sync(target.device)  # noqa: E731
-    results: list[tuple[int, int, list[float]]] = []
+    results: list[tuple[int, int, list[float], int]] = []
     for c in contexts:
         growth = warmup + len(sizes) * (1 + repeats)  # each forward commits its root: the context grows by one
         fitting = [n for n in sizes if c + growth + _bushy_depth(n) + 1 < target.max_positions]
@@ -110,7 +147,7 @@ def measure_verify_curve(
                 target.commit(torch.zeros(1, dtype=torch.long))  # keep the root: context grows by one
                 if r >= (warmup if i == 0 else 1):
                     times.append(elapsed)
-            results.append((n, ctx, times))
+            results.append((n, ctx, times, c))
     target.reset()
     if not results:
         raise InvalidInputError(f"no (size, context) pair fits the target's {target.max_positions} positions")
@@ -129,26 +166,27 @@ def calibrate(
 ) -> CalibrationResult:
     """Measure the verify curve of ``target`` and fit a fresh :class:`RooflineLatency` to it (built the
     way a pipeline builds it, so a saved profile matches). Nothing is saved here."""
-    curve = measure_verify_curve(target, sizes, context_lens, repeats=repeats, warmup=warmup)
+    curve = _measure(target, sizes, context_lens, repeats=repeats, warmup=warmup)
     model = RooflineLatency(
         model_config=target.config,
         device=str(target.device),
         profile=None,
         probe=probe,
-        window=max(512, sum(len(t) for _, _, t in curve)),
+        window=max(512, sum(len(t) for _, _, t, _ in curve)),
     )
     if profile is not None:
         model.profile_path = Path(profile)
-    for n, c, times in curve:
+    for n, c, times, _ in curve:
         for s in times:
             model.observe(n, c, s)
     fit = model.refit()
-    points = tuple(CalibrationPoint(n, c, statistics.median(t)) for n, c, t in curve)
+    points = tuple(CalibrationPoint(n, c, statistics.median(t), requested) for n, c, t, requested in curve)
     return CalibrationResult(model, points, fit)
 
 
 def plot_calibration(result: CalibrationResult, path: str | Path) -> Path:
-    """Write a PNG of measured (dots) vs modelled (lines) verify latency per context length."""
+    """Write a PNG of measured (dots) vs modelled (line) verify latency, one series per requested context
+    length (the model line at the series' mean measured context)."""
     try:
         import matplotlib
 
@@ -162,20 +200,21 @@ def plot_calibration(result: CalibrationResult, path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     by_ctx: dict[int, list[CalibrationPoint]] = {}
     for p in result.points:
-        by_ctx.setdefault(p.context_len, []).append(p)
+        by_ctx.setdefault(p.series, []).append(p)
     for i, (ctx, pts) in enumerate(sorted(by_ctx.items())):
         color = f"C{i % 10}"
         ns = np.array([p.n_tokens for p in pts])
         ax.plot(ns, [p.seconds * 1e3 for p in pts], "o", color=color, label=f"measured, context {ctx}")
         grid = np.unique(np.geomspace(ns.min(), ns.max(), 64).round().astype(np.int64))
-        model = result.model.predict_many(torch.from_numpy(grid), ctx).numpy() * 1e3
+        at = int(round(float(np.mean([p.context_len for p in pts]))))
+        model = result.model.predict_many(torch.from_numpy(grid), at).numpy() * 1e3
         ax.plot(grid, model, "-", color=color, alpha=0.8, label=f"model, context {ctx}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tree tokens verified (n)")
     ax.set_ylabel("verify latency (ms)")
     err = result.rel_errors()
     ax.set_title(f"{result.model.device_label}: median error {np.median(err):.1%}, max {err.max():.1%}", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
