@@ -112,3 +112,23 @@ def test_text_iterator_streamer_receives_exactly_the_decoded_text():
     out = box["out"]
     assert torch.equal(out, model.generate(**inputs, max_new_tokens=24, do_sample=False))
     assert text == tok.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True) and text
+
+
+def test_a_custom_stopping_criterion_ends_mid_step_exactly_where_plain_generate_ends():
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class AtLength(StoppingCriteria):
+        def __init__(self, length: int) -> None:
+            self.length = length
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+
+    model = _model("qwen3")
+    ids = torch.tensor([[5, 9, 17, 3, 4, 5, 9]])
+    fn = _speculative(model)
+    for length in (9, 10, 11, 12, 13):  # steps commit several tokens: most of these cut a step short
+        stop = StoppingCriteriaList([AtLength(length)])
+        ref = model.generate(ids, max_new_tokens=20, do_sample=False, stopping_criteria=stop)
+        out = model.generate(ids, max_new_tokens=20, do_sample=False, stopping_criteria=stop, custom_generate=fn)
+        assert torch.equal(out, ref) and out.shape[1] == length
