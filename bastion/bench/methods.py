@@ -16,11 +16,12 @@ Method names (``--methods``):
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 from attrs import field, frozen
 
+from bastion.core.batch import decode_plain_batch
 from bastion.core.checks import check_int
 from bastion.core.errors import InvalidInputError
 from bastion.core.pipeline import Pipeline
@@ -140,6 +141,17 @@ class Decoder(Protocol):
         top_k: int = 0,
     ) -> GenerationResult: ...
 
+    def generate_batch(
+        self,
+        prompts: Sequence[torch.Tensor],
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        *,
+        top_p: float = 1.0,
+        top_k: int = 0,
+    ) -> list[GenerationResult]: ...
+
 
 class ARDecoder:
     """Plain autoregressive decoding through the :class:`Target` interface: prefill, then one
@@ -173,6 +185,34 @@ class ARDecoder:
         eos = self.target.eos_token_ids if stop_on_eos else frozenset()
         with torch.inference_mode():
             return self._run(ids, max_new_tokens, sampling, stream, eos)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[torch.Tensor],
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        *,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_on_eos: bool = True,
+    ) -> list[GenerationResult]:
+        """Plain batched decoding: one target forward per step for every active row (the same padded
+        cache as the batched pipeline, finished rows leave); row i is seeded with ``seed + i``. A target
+        without batched state decodes the rows one after another."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise InvalidInputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        rows = [p.reshape(1, -1).to(self.target.device, torch.long) for p in prompts]
+        seed = None if seed is None else check_seed(seed)
+        seeds = [None if seed is None else seed + i for i in range(len(rows))]
+        sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
+        out = decode_plain_batch(self.target, rows, max_new_tokens, sampling, seeds, stop_on_eos)
+        if out is None:
+            out = [
+                self.generate(r, max_new_tokens, temperature, s, top_p=top_p, top_k=top_k, stop_on_eos=stop_on_eos)
+                for r, s in zip(rows, seeds)
+            ]
+        return out
 
     def _run(
         self,

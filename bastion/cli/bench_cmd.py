@@ -37,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--template", choices=("auto", "chat", "plain"), default="auto", help="prompt template style")
     p.add_argument("--repeats", type=int, help="runs per prompt and method, the fastest kept (default 3; --quick 1)")
     p.add_argument("--warmup-tokens", type=int, help="unrecorded warm-up generation per method (default 16; 0 disables)")
+    p.add_argument("--batch-sizes", type=int_list, metavar="B1,B2,...",
+                   help="batched mode: run every method at each batch size (e.g. 1,2,4,8,16,32) with generate_batch; "
+                        "writes batch_sizes.md/json and throughput/width plots")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="a short run: 3 prompts per dataset, 64 tokens, budgets 8,32")
     p.add_argument("--out", default="bench-results", help="output directory (default ./bench-results)")
@@ -106,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
     if config.repeats == 1:
         print("note: one round per prompt (--quick or --repeats 1): timings are noisy; use --repeats 3 or more "
               "for figures you report", file=sys.stderr)
+    if args.batch_sizes:  # one process, one device: every method at every batch size
+        target, drafter, tokenizer = load_pair(args)
+        return _run_batch_sizes(args, config, target, drafter, tokenizer)
     ctx = setup(args.device)  # under torchrun: one share of the prompts per rank, pooled on rank 0
     try:
         target, drafter, tokenizer = load_pair(args, device=ctx.device)
@@ -132,5 +138,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     files = write_report(result, args.out, plots=not args.no_plots)
     sys.stdout.write(markdown_report(result))
+    print(f"\nwrote {', '.join(str(f) for f in files)}", file=sys.stderr)
+    return 0
+
+
+def _run_batch_sizes(args: argparse.Namespace, config: Any, target: Any, drafter: Any, tokenizer: Any) -> int:
+    from bastion.bench.batch_sizes import batch_table, best_table, run_batch_sweep, write_batch_report
+
+    sweep = run_batch_sweep(config, args.batch_sizes, target, drafter, tokenizer, progress=not args.no_progress)
+    files = write_batch_report(sweep, args.out, plots=not args.no_plots)
+    sys.stdout.write(batch_table(sweep) + "\n\n" + best_table(sweep) + "\n")
     print(f"\nwrote {', '.join(str(f) for f in files)}", file=sys.stderr)
     return 0

@@ -23,20 +23,20 @@ decoding and re-probes with a back-off.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from bastion.controllers.calibration import AcceptanceCalibrator, SamplingKey, sampling_key
 from bastion.controllers.gate import SpeculationGate
-from bastion.core.checks import check_int, check_number, predict_checked
+from bastion.core.checks import check_int, check_number, predict_batch_checked, predict_checked
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import BudgetController, BudgetDecision, LatencyModel
 from bastion.core.running import running_mean
 from bastion.core.types import SamplingConfig, StepFeedback
 
-__all__ = ["BastionController", "BastionDecision", "FixedController"]
+__all__ = ["BastionController", "BastionDecision", "FixedController", "batch_accept_curve"]
 
 #: weight of the newest plain step in the running mean of a plain step's non-verify seconds
 _PLAIN_OVERHEAD_EMA = 0.2
@@ -209,6 +209,49 @@ class BastionController(BudgetController):
             gain=gain,
         )
 
+    # ------------------------------------------------------------------ batches
+    def decide_width(
+        self,
+        log_scores: Sequence[torch.Tensor],
+        context_lens: Sequence[int],
+        latency: LatencyModel,
+        overhead_s: float,
+        draft_s: float,
+    ) -> BudgetDecision:
+        """The width W maximizing the batch's predicted accepted tokens per second
+
+            G(W) = sum_i A_i(min(W, n_i)) / (overhead + [W > 1] * draft + T_verify(B, W, contexts))
+
+        over ``{1} | candidates(max n_i)``, with ``A_i`` row i's calibrated acceptance curve (the raw
+        surrogate without calibration). W = 1 is plain batched decoding: nothing drafted, so no drafting
+        cost. Ties go to the smaller width. ``predicted_speedup`` is G(W) / G(1); the gate hears the gain
+        over a plain batched step, so a batch where W = 1 wins stops drafting and re-probes later."""
+        if not log_scores or len(log_scores) != len(context_lens):
+            raise InvalidInputError("decide_width needs one log_scores tensor per context length (and at least one row)")
+        rows = [_scores_to_numpy(s) for s in log_scores]
+        overhead = _check_overhead(overhead_s) + self.extra_overhead_s
+        draft = _check_overhead(draft_s)
+        sizes, sizes_t = self._sizes(max(r.shape[0] for r in rows))  # [N + 1], sizes[0] == 1
+        raw = batch_accept_curve([np.exp(r) for r in rows])  # [n_top] sum_i A_hat_i(min(W, n_i))
+        cal = batch_accept_curve([self.accept_rates(r) for r in rows])  # [n_top] the same, calibrated
+        t_verify = predict_batch_checked(latency, sizes_t, context_lens).numpy()  # [N + 1] seconds
+        cost = overhead + t_verify + np.where(sizes > 1, draft, 0.0)  # [N + 1] seconds per step
+        rate = cal[sizes - 1] / cost  # [N + 1] predicted tokens per second
+        k = int(np.argmax(rate))
+        width = int(sizes[k])
+        plain = len(rows) / (t_verify[0] + self.plain_overhead_s)  # a plain batched step's tokens per second
+        gain = float(rate[k] / plain) if width > 1 else 0.0
+        if self.gate is not None:
+            self.gate.update(gain)
+        return BudgetDecision(
+            width,
+            float(rate[k] / rate[0]),
+            predicted_accept=float(raw[width - 1]),
+            predicted_cost_s=float(cost[k]),
+            calibrated_accept=float(cal[width - 1]),
+            gain=gain,
+        )
+
     def __repr__(self) -> str:
         return (
             f"BastionController(rule={self.rule!r}, min_budget={self.min_budget}, max_budget={self.max_budget}, "
@@ -242,5 +285,36 @@ class FixedController(BudgetController):
             return BudgetDecision(n, a_hat * float(times[0]) / cost, predicted_accept=a_hat, predicted_cost_s=cost)
         return BudgetDecision(n)
 
+    def decide_width(
+        self,
+        log_scores: Sequence[torch.Tensor],
+        context_lens: Sequence[int],
+        latency: LatencyModel,
+        overhead_s: float,
+        draft_s: float,
+    ) -> BudgetDecision:
+        """The fixed budget as the batch width (or the largest tree when every tree is smaller)."""
+        if not log_scores:
+            raise InvalidInputError("decide_width needs at least one row")
+        width = min(self.budget, max(int(s.shape[0]) for s in log_scores))
+        if not self.estimate:
+            return BudgetDecision(width)
+        total = batch_accept_curve([np.exp(_scores_to_numpy(s)) for s in log_scores])
+        times = predict_batch_checked(latency, torch.tensor([1, width]), context_lens).numpy()
+        base = _check_overhead(overhead_s)
+        cost = base + float(times[1]) + (_check_overhead(draft_s) if width > 1 else 0.0)
+        speedup = (float(total[width - 1]) / cost) / (len(log_scores) / (base + float(times[0])))
+        return BudgetDecision(width, speedup, predicted_accept=float(total[width - 1]), predicted_cost_s=cost)
+
     def __repr__(self) -> str:
         return f"FixedController(budget={self.budget})"
+
+
+def batch_accept_curve(rates: Sequence[np.ndarray]) -> np.ndarray:
+    """``curve[W - 1] = sum_i A_i(min(W, n_i))`` for W = 1..max n_i, from each row's per-node acceptance
+    rates (float64 arrays [n_i], root first): a row whose tree is smaller than W contributes all of it."""
+    top = max(r.shape[0] for r in rates)
+    padded = np.zeros((len(rates), top))  # [B, n_top], zero past each row's tree
+    for i, r in enumerate(rates):
+        padded[i, : r.shape[0]] = r
+    return padded.sum(axis=0).cumsum()  # [n_top]

@@ -35,6 +35,7 @@ __all__ = [
     "check_verdict",
     "check_greedy_verdict",
     "predict_checked",
+    "predict_batch_checked",
     "check_tokenizer",
 ]
 
@@ -149,11 +150,21 @@ def check_greedy_verdict(verdict: Verdict, tree: Tree, logits: torch.Tensor, ver
 def predict_checked(latency: Any, n_tokens: torch.Tensor, context_len: int) -> torch.Tensor:
     """``latency.predict_many(n_tokens, context_len)`` as a float64 CPU tensor ``[N]``, checked: one
     finite, positive number of seconds per size, else :class:`ComponentError` naming the model."""
-    who = f"latency model {_name(latency)}"
     times = latency.predict_many(n_tokens, context_len)
+    return _checked_times(latency, "predict_many", times, n_tokens, f"context {context_len}")
+
+
+def predict_batch_checked(latency: Any, widths: torch.Tensor, context_lens: Any) -> torch.Tensor:
+    """``latency.predict_batch(widths, context_lens)``, checked like :func:`predict_checked`."""
+    times = latency.predict_batch(widths, context_lens)
+    return _checked_times(latency, "predict_batch", times, widths, f"a batch of {len(context_lens)} rows")
+
+
+def _checked_times(latency: Any, method: str, times: Any, n_tokens: torch.Tensor, where: str) -> torch.Tensor:
+    who = f"latency model {_name(latency)}"
     if not isinstance(times, torch.Tensor) or tuple(times.shape) != tuple(n_tokens.shape):
         raise ComponentError(
-            f"{who}.predict_many returned {getattr(times, 'shape', type(times).__name__)}; expected a tensor of "
+            f"{who}.{method} returned {getattr(times, 'shape', type(times).__name__)}; expected a tensor of "
             f"shape {tuple(n_tokens.shape)}"
         )
     times = times.detach().to("cpu", torch.float64)
@@ -161,7 +172,7 @@ def predict_checked(latency: Any, n_tokens: torch.Tensor, context_len: int) -> t
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
         raise ComponentError(
-            f"{who} predicted {float(times[i])!r} s for {int(n_tokens[i])} tokens at context {context_len}; "
+            f"{who} predicted {float(times[i])!r} s for {int(n_tokens[i])} tokens at {where}; "
             "predictions must be finite and > 0"
         )
     return times

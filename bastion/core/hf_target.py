@@ -314,6 +314,12 @@ class HFTarget(Target):
     def _layer_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(layer.keys, layer.values) for layer in self._cache.layers]
 
+    def open_batch(self, prompts: Any, feature_layers: tuple[int, ...] = ()) -> Any:
+        from bastion.core.hf_batch import HFTargetBatch
+
+        state = HFTargetBatch(self)
+        return state, state.prefill(prompts, feature_layers)
+
     def _tree_mask(self, ancestors: torch.Tensor, ctx: int) -> torch.Tensor:
         """Additive float mask [1, 1, n, ctx + n]: 0 where attention is allowed, dtype-min elsewhere (the
         context is fully visible; inside the tree each node sees itself and its ancestors).
@@ -346,6 +352,20 @@ class HFTarget(Target):
         feature_layers: tuple[int, ...],
         logits_to_keep: int = 0,  # 0: every position; k: the last k positions
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits, features = self.forward_rows(ids, mask, positions, cache, feature_layers, logits_to_keep)
+        return logits[0], None if features is None else features[0]  # [n, V], [n, F]
+
+    def forward_rows(
+        self,
+        ids: torch.Tensor,  # [B, n]
+        mask: torch.Tensor | None,  # [B, 1, n, S + n] additive, or None (plain causal)
+        positions: torch.Tensor | None,  # [B, n]
+        cache: Any,
+        feature_layers: tuple[int, ...],
+        logits_to_keep: torch.Tensor | int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One model forward over a batch of rows -> logits [B, n', V] (``n'`` = n, or the kept
+        positions) and features [B, n, F] (or None). Used by the batched state."""
         layers = tuple(int(i) for i in feature_layers)
         n_layers = len(self._layers)
         bad = [i for i in layers if not 0 <= i < n_layers]
@@ -362,21 +382,17 @@ class HFTarget(Target):
                 position_ids=positions,
                 cache=cache,
                 use_cache=True,
-                logits_to_keep=logits_to_keep,
                 output_hidden_states=want_all,
+                logits_to_keep=logits_to_keep,
             )
         finally:
             if tap is not None:
                 tap.close()
-        logits = out.logits[0]  # [n, V]
+        logits = out.logits  # [B, n, V]
         if not layers:
             return logits, None
         if want_all:
-            feats = [out.hidden_states[i + 1][0] for i in layers]  # each [n, H]
+            feats = [out.hidden_states[i + 1] for i in layers]  # each [B, n, H]
         else:
-            feats = [tap.outputs[i][0] for i in layers]
-        return logits, torch.cat(feats, dim=-1)  # [n, F]
-
-
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
+            feats = [tap.outputs[i] for i in layers]
+        return logits, torch.cat(feats, dim=-1)  # [B, n, F]

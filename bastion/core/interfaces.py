@@ -8,9 +8,10 @@ the ``bastion_register_components`` hook (see :mod:`bastion.core.hookspecs`).
 from __future__ import annotations
 
 import abc
+import copy
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, ClassVar, Mapping
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
 import torch
 from attrs import field, frozen
@@ -19,6 +20,7 @@ from bastion.core.tree import Tree
 from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, StepFeedback, Verdict
 
 if TYPE_CHECKING:
+    from bastion.core.batching import DraftBatch
     from bastion.core.target import Target
 
 __all__ = [
@@ -82,6 +84,31 @@ class Drafter(abc.ABC):
         """
         return False
 
+    # ---------------------------------------------------------------- batches
+    def fork(self) -> "Drafter":
+        """A new drafter with its own (reset) per-sequence state, sharing this one's weights.
+
+        The default deep-copies the instance while sharing every ``torch.nn.Module`` and tensor it
+        holds directly; override it when per-sequence state lives elsewhere."""
+        memo: dict[int, object] = {}
+        for value in vars(self).values():
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
+                memo[id(value)] = value
+        clone = copy.deepcopy(self, memo)
+        clone.reset()
+        return clone
+
+    def open_batch(self, contexts: Sequence[DraftContext]) -> "DraftBatch":
+        """Start a batch of sequences, one :class:`DraftContext` per row -> a
+        :class:`~bastion.core.batching.DraftBatch`.
+
+        The default drives one :meth:`fork` per row through the single-sequence methods (correct for
+        every drafter, one drafter call per row per step). Override it to draft every row in one
+        forward (the built-in DFlash drafter does)."""
+        from bastion.core.batching import LoopDraftBatch
+
+        return LoopDraftBatch(self, contexts)
+
 
 class TreeBuilder(abc.ABC):
     """Turns marginals into a verification tree whose node order keeps every prefix prefix-closed."""
@@ -117,6 +144,23 @@ class LatencyModel(abc.ABC):
         """Vectorized :meth:`predict`: ``n_tokens`` LongTensor[N] -> FloatTensor[N] seconds.
         Override for speed; the default loops over :meth:`predict`."""
         return torch.tensor([self.predict(int(n), context_len) for n in n_tokens.tolist()], dtype=torch.float64)
+
+    def predict_batch(self, widths: torch.Tensor, context_lens: Sequence[int]) -> torch.Tensor:
+        """Seconds of one *batched* verify forward: every row of a batch with committed lengths
+        ``context_lens`` [B] gets a padded block of ``widths`` [N] tree slots -> FloatTensor[N].
+
+        The default treats the batch as one sequence of ``B * W`` tokens after the longest context;
+        override it with a model of padded batched attention (the ``roofline`` model does)."""
+        b = len(context_lens)
+        if b == 1:
+            return self.predict_many(widths, int(context_lens[0]))
+        return self.predict_many(widths * b, int(max(context_lens)))
+
+    def observe_batch(self, width: int, context_lens: Sequence[int], seconds: float) -> None:
+        """Feed one measured batched verify time (defaults to :meth:`observe` for one row and to
+        nothing for larger batches, which the single-sequence model cannot describe)."""
+        if len(context_lens) == 1:
+            self.observe(width, int(context_lens[0]), seconds)
 
 
 @frozen
@@ -169,6 +213,27 @@ class BudgetController(abc.ABC):
         :meth:`choose` and predicts nothing)."""
         return BudgetDecision(self.choose(log_scores, context_len, latency, overhead_s))
 
+    def decide_width(
+        self,
+        log_scores: Sequence[torch.Tensor],
+        context_lens: Sequence[int],
+        latency: LatencyModel,
+        overhead_s: float,
+        draft_s: float,
+    ) -> BudgetDecision:
+        """One decision for a whole batch: ``n`` is the width W of the padded tree block every row
+        verifies (row i verifies its first ``min(W, n_i)`` nodes). ``log_scores[i]`` FloatTensor[n_i]
+        are row i's log rho in node order; ``overhead_s`` the per-step seconds outside the verify
+        forward and drafting, ``draft_s`` the drafting seconds (not spent when drafting is skipped).
+
+        The default takes the widest of the rows' single-sequence decisions."""
+        return BudgetDecision(
+            max(
+                self.decide(scores, int(ctx), latency, overhead_s + draft_s).n
+                for scores, ctx in zip(log_scores, context_lens, strict=True)
+            )
+        )
+
 
 class Verifier(abc.ABC):
     """Decides which path of the tree the target accepts; must be lossless."""
@@ -186,6 +251,23 @@ class Verifier(abc.ABC):
     ) -> Verdict:
         """``logits`` FloatTensor[n, V]: target logits at every node (row i predicts the token after
         node i). Return the accepted root-to-node path and the bonus token."""
+
+    def verify_batch(
+        self,
+        trees: Sequence[Tree],
+        logits: torch.Tensor,
+        sampling: Sequence[SamplingConfig],
+        generators: Sequence[torch.Generator | None],
+    ) -> list[Verdict]:
+        """One verdict per row: ``logits`` FloatTensor[B, W, V] holds row i's node logits in
+        ``[i, :len(trees[i])]`` (the rest is padding); ``sampling[i]`` and ``generators[i]`` are row
+        i's sampling rule and random stream.
+
+        The default calls :meth:`verify` row by row; override it to decide all rows with one device
+        pass and one host transfer (the ``exact`` verifier does for greedy rows)."""
+        return [
+            self.verify(tree, logits[i, : len(tree)], sampling[i], generators[i]) for i, tree in enumerate(trees)
+        ]
 
 
 #: the one table of component kinds: kind name -> the interface its components implement (hook

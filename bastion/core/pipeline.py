@@ -137,6 +137,8 @@ class Pipeline:
             torch.zeros(1, dtype=torch.long, device=dev),
             torch.zeros(1, dtype=torch.float32, device=dev),
         )
+        self._batch_draft_s = 0.0  # running means of a batched step's drafting and other non-verify seconds
+        self._batch_other_s = 0.0
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -329,14 +331,12 @@ class Pipeline:
         """Check a generation's arguments -> (ids [1, L], max_new_tokens, sampling, stop strings, seed)."""
         ids = self._prompt_ids(prompt)
         max_new_tokens = check_int("max_new_tokens", max_new_tokens)
+        sampling = self._check_request(max_new_tokens, temperature, top_p, top_k)
         stops = check_stop_strings(stop)
         if stops and self.tokenizer is None:
             raise InvalidInputError("stop strings need a tokenizer; this pipeline has none")
         if on_step is not None and not callable(on_step):
             raise InvalidInputError(f"on_step must be callable, got {type(on_step).__name__}")
-        sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
-        if not sampling.greedy and not self.verifier.supports_sampling:
-            raise InvalidInputError(f"verifier {type(self.verifier).__name__} supports greedy decoding only")
         return ids, max_new_tokens, sampling, stops, None if seed is None else check_seed(seed)
 
     def _session(
@@ -462,13 +462,21 @@ class Pipeline:
     ) -> list[GenerationResult]:
         """Decode every prompt of ``prompts`` (token-id sequences of any lengths: lists, 1-D tensors or
         [1, L] tensors) -> one :class:`GenerationResult` per prompt, in order. Each row's output is what
-        :meth:`generate` gives for that prompt alone; a padded [B, L] batch or ``BatchEncoding`` with its
-        ``attention_mask`` is split into its unpadded rows first. (Reference path: rows are decoded one after
-        another.)"""
+        :meth:`generate` gives for that prompt alone (greedy), and every row samples the target's
+        distribution at T > 0 (row i seeded with ``seed + i``).
+
+        All rows decode together (:mod:`bastion.core.batch`): one target forward and one drafter call
+        per step, one tree width for the whole batch chosen by the budget controller; finished rows
+        leave the batch. A target without batched state decodes the rows one after another."""
         prompts = prompt_rows(prompts)
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise InvalidInputError("prompts must be a non-empty list of token-id sequences")
         rows = []
+        devices = {p.device for p in prompts if isinstance(p, torch.Tensor)}
+        if len(devices) > 1:
+            first = next(p.device for p in prompts if isinstance(p, torch.Tensor))
+            bad = next(i for i, p in enumerate(prompts) if isinstance(p, torch.Tensor) and p.device != first)
+            raise InvalidInputError(f"prompt {bad}: on {prompts[bad].device}, but earlier prompts are on {first}; put all prompts on one device")
         for i, prompt in enumerate(prompts):
             if isinstance(prompt, torch.Tensor) and prompt.dim() == 1:
                 prompt = prompt[None]
@@ -476,7 +484,15 @@ class Pipeline:
                 rows.append(self._check_prompt(prompt))
             except InvalidInputError as exc:
                 raise InvalidInputError(f"prompt {i}: {exc}") from None
-        results = []
+        sampling = self._check_request(max_new_tokens, temperature, top_p, top_k)
+        seed = None if seed is None else check_seed(seed)
+        seeds = [None if seed is None else seed + i for i in range(len(rows))]
+        from bastion.core.batch import decode_batch  # the batched loop builds on this module
+
+        batched = decode_batch(self, rows, max_new_tokens, sampling, seeds, stop_on_eos)
+        if batched is not None:
+            return batched
+        results = []  # a target without batched state: one row after another
         for i, ids in enumerate(rows):
             row_seed = None if seed is None else int(seed) + i
             results.append(
@@ -573,6 +589,14 @@ class Pipeline:
         return StepOutcome(record=record, verdict=verdict)
 
     # ------------------------------------------------------------------ helpers
+    def _check_request(self, max_new_tokens: int, temperature: float, top_p: float, top_k: int) -> SamplingConfig:
+        """The sampling rule of a request, after checking the token limit and the verifier's support."""
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens)
+        sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
+        if not sampling.greedy and not self.verifier.supports_sampling:
+            raise InvalidInputError(f"verifier {type(self.verifier).__name__} supports greedy decoding only")
+        return sampling
+
     def _check_prompt(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(input_ids, (list, tuple)):
             bad = [t for t in input_ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]

@@ -6,12 +6,15 @@ The built-in implementation for Hugging Face causal LMs is :class:`bastion.core.
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from bastion.core.tree import Tree
 from bastion.core.types import TargetOutput
+
+if TYPE_CHECKING:
+    from bastion.core.batching import BatchPrefill, TargetBatch
 
 __all__ = ["Target"]
 
@@ -78,6 +81,14 @@ class Target(abc.ABC):
     @abc.abstractmethod
     def output_head(self) -> torch.nn.Module:
         """The lm head mapping final hidden states to logits."""
+
+    def open_batch(
+        self, prompts: Sequence[torch.Tensor], feature_layers: tuple[int, ...] = ()
+    ) -> tuple["TargetBatch", "BatchPrefill"] | None:
+        """Prefill several prompts (each LongTensor [L_i]) into one batched state -> (state, prefill),
+        or ``None`` when this target decodes one sequence at a time (the default): the pipeline then
+        decodes a batch row after row. Implementing it lets a batch share one forward per step."""
+        return None
 
     @property
     def hidden_size(self) -> int:

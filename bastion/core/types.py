@@ -238,6 +238,9 @@ class StepRecord:
     #: False for a plain step: the target alone decoded one token, nothing was drafted
     drafted: bool = True
 
+    batch_size: int = 1  # rows decoded together in this step (the step's timings are the batch's)
+    width: int | None = None  # batched steps: the padded tree width W every row's block had
+
 
 @frozen
 class StepFeedback:

@@ -16,6 +16,8 @@ whatever the tree looked like; the tree only decides how many such tokens one fo
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from bastion.core.errors import InvalidInputError
@@ -70,3 +72,32 @@ class ExactVerifier(Verifier):
             accepted_tokens=tuple(tokens[i] for i in path[1:]),
             bonus_token=choice_list[path[-1]],
         )
+
+    def verify_batch(
+        self,
+        trees: Sequence[Tree],
+        logits: torch.Tensor,
+        sampling: Sequence[SamplingConfig],
+        generators: Sequence[torch.Generator | None],
+    ) -> list[Verdict]:
+        """Greedy batches take one argmax over ``logits`` [B, W, V] and one host transfer for all rows;
+        sampled rows draw row by row from their own streams."""
+        if not all(s.greedy for s in sampling):
+            return super().verify_batch(trees, logits, sampling, generators)
+        if logits.dim() != 3 or logits.shape[0] != len(trees) or logits.shape[1] < max(len(t) for t in trees):
+            raise InvalidInputError(
+                f"logits must be [B, W, V] with B = {len(trees)} rows and W >= the largest tree, got {tuple(logits.shape)}"
+            )
+        choices = logits.argmax(dim=-1).tolist()  # [B][W], the one host transfer of the step
+        out = []
+        for tree, row in zip(trees, choices):
+            tokens = tree.tokens.tolist()
+            path = walk_tree(tokens, tree.parents.tolist(), row)
+            out.append(
+                Verdict(
+                    accepted_nodes=torch.tensor(path, dtype=torch.long),
+                    accepted_tokens=tuple(tokens[i] for i in path[1:]),
+                    bonus_token=row[path[-1]],
+                )
+            )
+        return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -178,6 +178,35 @@ class RooflineLatency(LatencyModel):
         base = self.roofline_seconds(n_tokens, context_len)
         return base * self.residual.factor(n_tokens, context_len) if self.use_residual else base
 
+    def ideal_batch_times(self, widths: np.ndarray, context_lens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Ideal ``(x_c, x_m)`` seconds of one batched verify: ``B = len(context_lens)`` rows, each with a
+        padded block of ``widths`` [N] slots after a padded cache of ``S = max(context_lens)`` slots.
+        Weights are read once per forward; tokens, KV reads and attention grow with ``B x W``. For one
+        row this is :meth:`ideal_times`."""
+        self._require_bound()
+        w = np.asarray(widths, dtype=np.float64)
+        b, s = float(len(context_lens)), float(max(context_lens))
+        m = s + w  # keys every slot attends over (padded)
+        f_n, f_nm = self._coef_c
+        g0, g_n, g_m, g_nm = self._coef_m
+        return b * w * (f_n + f_nm * m), g0 + b * (g_n * w + m * (g_m + g_nm * w))
+
+    def predict_batch(self, widths: torch.Tensor, context_lens: Sequence[int]) -> torch.Tensor:
+        """Seconds of one batched verify (see :meth:`ideal_batch_times`); the residual table is read at
+        ``B * W`` tokens after the longest context."""
+        w = widths.detach().cpu().numpy().astype(np.float64)
+        x_c, x_m = self.ideal_batch_times(w, context_lens)
+        base = self.params.predict(x_c, x_m)
+        if not self.use_residual:
+            return torch.from_numpy(base)
+        return torch.from_numpy(base * self.residual.factor(w * len(context_lens), max(context_lens)))
+
+    def observe_batch(self, width: int, context_lens: Sequence[int], seconds: float) -> None:
+        if not _usable(seconds):
+            return
+        x_c, x_m = self.ideal_batch_times(np.float64(width), context_lens)
+        self._record(float(x_c), float(x_m), float(seconds), width * len(context_lens), max(context_lens))
+
     def predict(self, n_tokens: int, context_len: int) -> float:
         return float(self._corrected(np.array([n_tokens], dtype=np.float64), context_len)[0])
 
@@ -191,11 +220,14 @@ class RooflineLatency(LatencyModel):
         return 0 if self.cost is None else self._count
 
     def observe(self, n_tokens: int, context_len: int, seconds: float) -> None:
-        if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+        if not _usable(seconds):
             return  # a clock glitch carries no information
-        self._require_bound()
-        i = self._count % self._t.size
         x_c, x_m = self.ideal_times(np.float64(n_tokens), context_len)
+        self._record(float(x_c), float(x_m), float(seconds), n_tokens, context_len)
+
+    def _record(self, x_c: float, x_m: float, seconds: float, n_tokens: int, context_len: int) -> None:
+        """Store one timing with its ideal times and its residual-grid key (tokens, context)."""
+        i = self._count % self._t.size
         self._x_c[i], self._x_m[i], self._t[i], self._seq[i] = x_c, x_m, seconds, self._count
         self._n[i], self._c[i] = n_tokens, context_len
         self._count += 1
@@ -282,6 +314,10 @@ class RooflineLatency(LatencyModel):
             f"RooflineLatency({self.cost.signature} on {self.device_label!r}, a_c={p.a_c:.3g}, b_c={p.b_c:.3g}s, "
             f"a_m={p.a_m:.3g}, b_m={p.b_m:.3g}s, observations={self._count})"
         )
+
+
+def _usable(seconds: float) -> bool:
+    return isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0
 
 
 def _dtype_of(cost: ModelCost) -> torch.dtype:

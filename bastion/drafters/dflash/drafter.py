@@ -10,7 +10,7 @@ step drafts a fresh block ``[root, MASK x (B - 1)]`` at positions ``context_len 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -19,6 +19,7 @@ from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import Drafter
 from bastion.core.types import DraftContext, DraftStep, Marginals
 from bastion.drafters.dflash.checkpoint import is_dflash_checkpoint
+from bastion.drafters.dflash.batch import DFlashDraftBatch
 from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
 
 if TYPE_CHECKING:
@@ -210,6 +211,12 @@ class DFlashDrafter(Drafter):
         )[0]  # [K, V]
         # no validation read here: the tree builder's one transfer rejects NaN marginals
         return Marginals.from_logits(logits[:k].float(), temperature=step.temperature, validate=False)
+
+    def open_batch(self, contexts: Sequence[DraftContext]) -> DFlashDraftBatch:
+        """Per-row draft contexts in one padded buffer: one draft forward per step for every row."""
+        if self._embed is None or self._head is None:
+            raise InvalidInputError("DFlashDrafter.open_batch called before bind(target)")
+        return DFlashDraftBatch(self.model, self._embed, self._head, self.block_size, contexts)
 
     # ---------------------------------------------------------------- cache
     def _push(self, features: torch.Tensor) -> None:

@@ -1,0 +1,337 @@
+"""The batched decode loop: many sequences, one target forward and one drafter call per step.
+
+Per step, for the rows still decoding: the drafter proposes marginals for every row in one call (unless
+the controller says drafting does not pay right now), each row builds its tree, the controller picks
+ONE width W for the whole batch (row i verifies its first ``min(W, n_i)`` nodes), the target verifies
+every row's tree in one padded forward, the verifier decides each row's accepted path, and each row
+commits its own path. Rows that stop (EOS, ``max_new_tokens``, position limit) leave the batch: the
+target and drafter states drop them, so no compute is spent on finished rows.
+
+Each row's output is exactly what the single-sequence loop gives for that prompt alone (greedy), and
+every row samples the target's own distribution at T > 0 (the verifier's guarantee holds per row).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from bastion.core.batching import BatchPrefill, DraftBatch, TargetBatch
+from bastion.core.pipeline import Pipeline, _checked_size, _validate_built
+from bastion.core.running import running_mean
+from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
+from bastion.core.target import Target
+from bastion.core.tree import Tree
+from bastion.core.types import DraftContext, DraftStep, GenerationResult, Marginals, SamplingConfig, StageTimings, StepFeedback, StepRecord
+
+
+__all__ = ["decode_batch", "decode_plain_batch"]
+
+#: weight of the newest step in the running means of per-step drafting and other overhead
+_EMA = 0.2
+#: during a run of plain steps, one verify time in this many goes to the latency model
+_PLAIN_LATENCY_EVERY = 8
+
+
+class _Row:
+    """Per-row bookkeeping of one sequence in the batch."""
+
+    __slots__ = ("index", "prompt_len", "out", "steps", "root", "stop", "stream", "generator", "finished_s")
+
+    def __init__(self, index: int, prompt_len: int, stream: PositionalStream | None, generator: torch.Generator | None) -> None:
+        self.index = index
+        self.prompt_len = prompt_len
+        self.out: list[int] = []
+        self.steps: list[StepRecord] = []
+        self.root = -1
+        self.stop: str | None = None  # "eos" | "length" once the row is done
+        self.stream = stream  # row's seeded per-position stream (None: greedy)
+        self.generator = generator  # for verifiers that draw by themselves
+        self.finished_s = 0.0
+
+
+def decode_batch(
+    pipe: Pipeline,
+    prompts: Sequence[torch.Tensor],
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    seeds: Sequence[int | None],
+    stop_on_eos: bool,
+) -> list[GenerationResult] | None:
+    """Decode ``prompts`` (each LongTensor [1, L_i], checked) together; ``None`` when the target has no
+    batched state (the caller then decodes row by row)."""
+    target, drafter = pipe.target, pipe.drafter
+    layers = drafter.feature_layers
+    eos = target.eos_token_ids if stop_on_eos else frozenset()
+    t_start = time.perf_counter()
+    opened = _open(target, prompts, layers, sampling, seeds, pipe._generator)
+    if opened is None:
+        return None
+    tb, pre, rows = opened
+    pipe.budget_controller.begin(sampling)
+    drafts = drafter.open_batch(
+        [DraftContext(tokens=p[0], features=None if pre.features is None else pre.features[i]) for i, p in enumerate(prompts)]
+    )
+    pipe._sync()
+    prefill_s = time.perf_counter() - t_start
+    _start(rows, _first_tokens(pre, sampling, rows), eos, max_new_tokens)
+    active = _retire(rows, (tb, drafts), t_start)
+    while active:
+        _step(pipe, active, tb, drafts, max_new_tokens, sampling, eos)
+        active = _retire(active, (tb, drafts), t_start)
+    pipe._sync()
+    return _results(rows, max_new_tokens, prefill_s)
+
+
+def decode_plain_batch(
+    target: Target,
+    prompts: Sequence[torch.Tensor],
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    seeds: Sequence[int | None],
+    stop_on_eos: bool = True,
+) -> list[GenerationResult] | None:
+    """Plain batched decoding with the target alone (the ``ar`` baseline at batch size > 1): one
+    forward per step over every active row's next token, in the same padded cache, finished rows leave.
+    ``None`` when the target has no batched state."""
+    eos = target.eos_token_ids if stop_on_eos else frozenset()
+    t_start = time.perf_counter()
+    opened = _open(target, prompts, (), sampling, seeds, lambda _stream: None)
+    if opened is None:
+        return None
+    tb, pre, rows = opened
+    _sync(target)
+    prefill_s = time.perf_counter() - t_start
+    _start(rows, _first_tokens(pre, sampling, rows), eos, max_new_tokens)
+    keep_root = torch.zeros(1, dtype=torch.long)  # [1]: every row commits its one node
+    active = _retire(rows, (tb,), t_start)
+    while active:
+        t0 = time.perf_counter()
+        ctxs = tb.context_lens
+        trees = [Tree.from_parents(torch.tensor([row.root], device=target.device), [-1]) for row in active]
+        logits = tb.forward_trees(trees).logits[:, 0]  # [B, V]
+        tb.commit([keep_root] * len(active))
+        if sampling.greedy:
+            tokens = logits.argmax(dim=-1).tolist()  # the one host transfer of the step
+        else:
+            tokens = [
+                int(sample_tokens(logits[i], at_position(sampling, row.stream, ctx + 1)))
+                for i, (row, ctx) in enumerate(zip(active, ctxs))
+            ]
+        t1 = time.perf_counter()
+        timings = StageTimings(verify=t1 - t0)
+        for row, tok, ctx in zip(active, tokens, ctxs):
+            emitted = _emit(row, [tok], ctx + 1, max_new_tokens, eos, target.max_positions)
+            row.steps.append(
+                StepRecord(
+                    budget=1,
+                    accepted=0,
+                    emitted=len(emitted),
+                    context_len=ctx,
+                    predicted_accept=1.0,
+                    predicted_speedup=None,
+                    timings=timings,
+                    drafted=False,
+                    batch_size=len(active),
+                    width=1,
+                )
+            )
+        active = _retire(active, (tb,), t_start)
+    _sync(target)
+    return _results(rows, max_new_tokens, prefill_s)
+
+
+def _open(
+    target: Target,
+    prompts: Sequence[torch.Tensor],
+    layers: tuple[int, ...],
+    sampling: SamplingConfig,
+    seeds: Sequence[int | None],
+    make_generator: Callable[[PositionalStream | None], torch.Generator | None],
+) -> tuple[TargetBatch, BatchPrefill, list[_Row]] | None:
+    opened = target.open_batch([p[0] for p in prompts], layers)
+    if opened is None:
+        return None
+    rows = []
+    for i, (p, seed) in enumerate(zip(prompts, seeds)):
+        stream = None if sampling.greedy else PositionalStream.from_seed(None if seed is None else check_seed(seed))
+        rows.append(_Row(i, int(p.shape[1]), stream, make_generator(stream)))
+    return opened[0], opened[1], rows
+
+
+def _start(rows: list[_Row], roots: list[int], eos: frozenset[int], max_new_tokens: int) -> None:
+    for row, root in zip(rows, roots):
+        row.root = root
+        row.out.append(root)
+        if root in eos:
+            row.stop = "eos"
+        elif max_new_tokens <= 1:
+            row.stop = "length"
+
+
+def _emit(row: _Row, tokens: Sequence[int], committed: int, max_new_tokens: int, eos: frozenset[int], max_positions: int) -> list[int]:
+    """Append a step's tokens (cut at the token limit and at EOS) to the row; the last token becomes
+    the next root, at position ``committed``. Returns the tokens emitted."""
+    emitted = list(tokens)[: max_new_tokens - len(row.out)]
+    for k, tok in enumerate(emitted):
+        if tok in eos:
+            emitted = emitted[: k + 1]
+            row.stop = "eos"
+            break
+    row.out.extend(emitted)
+    row.root = tokens[-1]
+    if row.stop is None and (len(row.out) >= max_new_tokens or committed > max_positions - 1):
+        row.stop = "length"
+    return emitted
+
+
+def _results(rows: list[_Row], max_new_tokens: int, prefill_s: float) -> list[GenerationResult]:
+    return [
+        GenerationResult(
+            tokens=row.out[:max_new_tokens],
+            steps=tuple(row.steps),
+            prompt_len=row.prompt_len,
+            prefill_s=prefill_s,
+            wall_s=row.finished_s,
+            stop_reason=row.stop or "length",  # type: ignore[arg-type]
+        )
+        for row in rows
+    ]
+
+
+def _sync(target: Target) -> None:
+    if target.device.type == "cuda":
+        torch.cuda.synchronize(target.device)
+
+
+def _first_tokens(pre: BatchPrefill, sampling: SamplingConfig, rows: list[_Row]) -> list[int]:
+    if sampling.greedy:
+        return pre.last_logits.argmax(dim=-1).tolist()  # [B]
+    return [
+        int(sample_tokens(pre.last_logits[i], at_position(sampling, row.stream, row.prompt_len), row.generator))
+        for i, row in enumerate(rows)
+    ]
+
+
+def _retire(rows: list[_Row], states: Sequence[TargetBatch | DraftBatch], t_start: float) -> list[_Row]:
+    """Drop finished rows from the batch states; returns the rows still decoding."""
+    keep = [k for k, row in enumerate(rows) if row.stop is None]
+    if len(keep) < len(rows):
+        now = time.perf_counter() - t_start
+        for row in rows:
+            if row.stop is not None and not row.finished_s:
+                row.finished_s = now
+        if keep:
+            for state in states:
+                state.keep(keep)
+    return [rows[k] for k in keep]
+
+
+def _step(
+    pipe: Pipeline,
+    rows: list[_Row],
+    tb: TargetBatch,
+    drafts: DraftBatch,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    eos: frozenset[int],
+) -> None:
+    target, controller = pipe.target, pipe.budget_controller
+    layers = pipe.drafter.feature_layers
+    draft_temperature = 1.0 if sampling.greedy else sampling.temperature
+    t0 = time.perf_counter()
+    ctxs = tb.context_lens
+    depths = []  # deepest node each row may draft: positions and tokens still wanted
+    for row, ctx in zip(rows, ctxs):
+        room = target.max_positions - ctx - 1
+        depths.append(min(room, max_new_tokens - len(row.out) - 1))
+    decision = None
+    drafting = max(depths) >= 1 and controller.speculate()  # one gate decision for the whole batch
+    if drafting:
+        marginals = drafts.propose(
+            [DraftStep(root_token=row.root, context_len=ctx, temperature=draft_temperature) for row, ctx in zip(rows, ctxs)]
+        )
+        t1 = time.perf_counter()
+        trees = [_row_tree(pipe, m, row.root, d) for m, row, d in zip(marginals, rows, depths)]
+        t2 = time.perf_counter()
+        decision = controller.decide_width(
+            [t.log_scores for t in trees], ctxs, pipe.latency_model, pipe._batch_other_s, pipe._batch_draft_s
+        )
+        width = _checked_size(controller, decision, max(len(t) for t in trees))
+        trees = [t.truncate(min(width, len(t))) for t in trees]
+    else:
+        t1 = t2 = t0
+        trees = [_root_only(pipe, row.root) for row in rows]
+    t3 = time.perf_counter()
+    out = tb.forward_trees(trees, layers)
+    pipe._sync()
+    t4 = time.perf_counter()
+    row_sampling = [
+        sampling if row.stream is None else row.stream.for_tree(sampling, ctx, tree.depths)  # node i: position ctx + d_i + 1
+        for row, tree, ctx in zip(rows, trees, ctxs)
+    ]
+    verdicts = pipe.verifier.verify_batch(trees, out.logits, row_sampling, [row.generator for row in rows])
+    t5 = time.perf_counter()
+    nodes = [v.accepted_nodes for v in verdicts]
+    tb.commit(nodes)
+    feats = out.features
+    drafts.commit(
+        [tree.tokens[n.to(tree.device)] for tree, n in zip(trees, nodes)],
+        [None if feats is None else feats[i, n.to(feats.device)] for i, n in enumerate(nodes)],
+    )
+    pipe._sync()
+    t6 = time.perf_counter()
+    width = max(len(t) for t in trees)
+    pipe._plain_steps = 0 if drafting else pipe._plain_steps + 1
+    if drafting or (pipe._plain_steps - 1) % _PLAIN_LATENCY_EVERY == 0:  # plain steps all time W = 1
+        pipe.latency_model.observe_batch(width, ctxs, t4 - t3)
+    non_verify = (t3 - t0) + (t6 - t4)
+    if drafting:  # speculative steps' costs only: plain steps do not dilute them
+        pipe._batch_draft_s = running_mean(pipe._batch_draft_s, t2 - t0, _EMA)
+        pipe._batch_other_s = running_mean(pipe._batch_other_s, (t3 - t2) + (t6 - t4), _EMA)
+    for tree, n, ctx in zip(trees, nodes, ctxs):
+        controller.observe(
+            StepFeedback(
+                drafted=drafting, log_scores=tree.log_scores, accepted_nodes=n, context_len=ctx, verify_s=t4 - t3, overhead_s=non_verify
+            )
+        )
+    timings = StageTimings(draft=t1 - t0, tree=t2 - t1, controller=t3 - t2, verify=t4 - t3, accept=t5 - t4, commit=t6 - t5)
+    speedup = None if decision is None else decision.predicted_speedup
+    calibrated = None if decision is None else decision.calibrated_accept
+    for row, tree, verdict, ctx in zip(rows, trees, verdicts, ctxs):
+        committed = ctx + len(verdict.accepted_nodes)  # the next root sits at this position
+        emitted = _emit(row, verdict.emitted, committed, max_new_tokens, eos, target.max_positions)
+        row.steps.append(
+            StepRecord(
+                budget=len(tree),
+                accepted=verdict.num_accepted,
+                emitted=len(emitted),
+                context_len=ctx,
+                predicted_accept=tree.accept_score() if drafting else 1.0,
+                predicted_speedup=speedup,
+                timings=timings,
+                calibrated_accept=calibrated,
+                drafted=drafting,
+                batch_size=len(rows),
+                width=width,
+            )
+        )
+
+
+def _root_only(pipe: Pipeline, root: int) -> Tree:
+    """The one-node tree of a plain step."""
+    return Tree(torch.tensor([root], device=pipe.target.device), *pipe._root_only)
+
+
+def _row_tree(pipe: Pipeline, marginals: Marginals, root: int, max_depth: int) -> Tree:
+    """Row's best tree under its drafting limit (a root-only tree when it may not draft at all)."""
+    if max_depth < 1:
+        return Tree.from_parents(torch.tensor([root], device=marginals.log_probs.device), [-1])
+    if marginals.depth > max_depth:
+        marginals = Marginals(marginals.log_probs[:max_depth])
+    tree = pipe.tree_builder.build(marginals, root_token=root, max_nodes=pipe.max_nodes)
+    if pipe.validate_trees:
+        _validate_built(tree, root, pipe.target.vocab_size)
+    return tree

@@ -1,0 +1,115 @@
+"""Per-batch state interfaces: what a target and a drafter hold while several sequences decode together.
+
+A batched decode opens one state object per component for the whole batch:
+
+* :meth:`bastion.core.target.Target.open_batch` -> a :class:`TargetBatch` (ragged contexts in one padded
+  cache; one forward per step over every row's tree);
+* :meth:`bastion.core.interfaces.Drafter.open_batch` -> a :class:`DraftBatch` (per-row draft contexts;
+  one :meth:`DraftBatch.propose` per step for every row).
+
+Rows are addressed by their index in the *current* batch; :meth:`keep` drops finished rows (and
+renumbers the kept ones 0..k-1 in the given order), so no compute is spent on them afterwards.
+
+:class:`LoopDraftBatch` is the default of :meth:`Drafter.open_batch`: one independent copy of the
+drafter per row (weights shared, see :meth:`Drafter.fork`), each driven through its single-sequence
+methods. It is correct for every drafter; a drafter that overrides ``open_batch`` with a real batched
+state runs one forward per step for all rows instead of one per row.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+from attrs import field, frozen
+
+from bastion.core.types import DraftContext, DraftStep, Marginals
+
+if TYPE_CHECKING:
+    from bastion.core.interfaces import Drafter
+    from bastion.core.tree import Tree
+
+__all__ = ["BatchPrefill", "BatchTargetOutput", "TargetBatch", "DraftBatch", "LoopDraftBatch"]
+
+
+@frozen
+class BatchPrefill:
+    """What a batched prefill returns: every row's last logits and its prompt features."""
+
+    last_logits: torch.Tensor = field(eq=False)  # [B, V] logits after each row's last prompt token
+    features: tuple[torch.Tensor, ...] | None = field(default=None, eq=False)  # per row [L_i, F], or None
+
+
+@frozen
+class BatchTargetOutput:
+    """One batched tree forward: row i's node j sits at ``[i, j]`` for ``j < len(trees[i])``; the
+    other slots are padding (their values are meaningless)."""
+
+    logits: torch.Tensor = field(eq=False)  # [B, W, V]
+    features: torch.Tensor | None = field(default=None, eq=False)  # [B, W, F] or None
+
+
+class TargetBatch(abc.ABC):
+    """A batch of sequences in one target cache."""
+
+    @property
+    @abc.abstractmethod
+    def context_lens(self) -> list[int]:
+        """Committed tokens per row (row i's tokens sit at positions 0 .. ctx_i - 1)."""
+
+    @abc.abstractmethod
+    def forward_trees(self, trees: Sequence["Tree"], feature_layers: tuple[int, ...] = ()) -> BatchTargetOutput:
+        """One forward over every row's tree (row i's nodes at positions ``ctx_i + depth``, ancestor-only
+        attention inside its tree, its own committed context visible). The cache holds the nodes until
+        :meth:`commit`."""
+
+    @abc.abstractmethod
+    def commit(self, accepted_nodes: Sequence[torch.Tensor]) -> None:
+        """Per row, keep the cache entries of ``accepted_nodes[i]`` [m_i] (root first, increasing) right
+        after that row's context and drop every other tree node."""
+
+    @abc.abstractmethod
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (indices into the current batch, in that order); the others leave."""
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.context_lens)
+
+
+class DraftBatch(abc.ABC):
+    """A batch of per-row draft contexts."""
+
+    @abc.abstractmethod
+    def propose(self, steps: Sequence[DraftStep]) -> list[Marginals]:
+        """Marginals per row (see :meth:`bastion.core.interfaces.Drafter.propose`)."""
+
+    @abc.abstractmethod
+    def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor | None]) -> None:
+        """Per row: newly committed tokens [m_i] and their target features [m_i, F] (or None)."""
+
+    @abc.abstractmethod
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (indices into the current batch, in that order)."""
+
+
+class LoopDraftBatch(DraftBatch):
+    """The correct default: one forked single-sequence drafter per row, called row by row."""
+
+    def __init__(self, drafter: "Drafter", contexts: Sequence[DraftContext]) -> None:
+        self.rows: list["Drafter"] = []
+        for i, context in enumerate(contexts):
+            row = drafter if i == 0 else drafter.fork()
+            row.begin(context)
+            self.rows.append(row)
+
+    def propose(self, steps: Sequence[DraftStep]) -> list[Marginals]:
+        return [row.propose(step) for row, step in zip(self.rows, steps, strict=True)]
+
+    def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor | None]) -> None:
+        for row, tok, feat in zip(self.rows, tokens, features, strict=True):
+            row.commit(tok, feat)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        self.rows = [self.rows[i] for i in rows]

@@ -1,0 +1,148 @@
+"""Batched DFlash drafting: per-row draft-context caches in one padded buffer, one forward per step.
+
+Row i's projected context keys/values sit in slots ``[0, len_i)`` of per-layer buffers
+``[B, h_kv, capacity, D]`` (zero beyond, masked out). Newly committed features of every row are projected
+in one :meth:`DFlashDraftModel.context_kv` call and written at each row's own tail; then all rows' blocks
+``[root_i, MASK x (B - 1)]`` at positions ``len_i ..`` run through the draft network in one forward with a
+per-row context mask. Row i's marginals equal what the single-sequence drafter proposes for it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from bastion.core.batching import DraftBatch
+from bastion.core.errors import InvalidInputError
+from bastion.core.types import DraftContext, DraftStep, Marginals
+from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
+
+__all__ = ["DFlashDraftBatch"]
+
+
+class DFlashDraftBatch(DraftBatch):
+    """Per-row DFlash draft contexts of a batch (see the module doc)."""
+
+    def __init__(
+        self,
+        model: DFlashDraftModel,
+        embed: torch.nn.Module,
+        head: torch.nn.Module,
+        block_size: int,
+        contexts: Sequence[DraftContext],
+    ) -> None:
+        self.model, self.embed, self.head, self.block_size = model, embed, head, block_size
+        cfg = model.config
+        self._keys: list[torch.Tensor] = []  # per layer [B, h_kv, capacity, D]
+        self._values: list[torch.Tensor] = []
+        self._lens = [0] * len(contexts)  # projected positions per row
+        self._pending: list[list[torch.Tensor]] = [[] for _ in contexts]  # committed features not yet projected
+        for i, context in enumerate(contexts):
+            feats = context.features
+            if feats is None:
+                raise InvalidInputError(f"row {i}: the DFlash drafter needs target features; prefill with its feature_layers")
+            if feats.dim() != 2 or feats.shape[0] != context.tokens.shape[0] or feats.shape[1] != cfg.feature_size:
+                raise InvalidInputError(
+                    f"row {i}: features must be [{context.tokens.shape[0]}, {cfg.feature_size}], got {tuple(feats.shape)}"
+                )
+            self._pending[i].append(feats)
+
+    # ---------------------------------------------------------------- interface
+    def committed(self, row: int) -> int:
+        return self._lens[row] + sum(int(f.shape[0]) for f in self._pending[row])
+
+    @torch.inference_mode()
+    def propose(self, steps: Sequence[DraftStep]) -> list[Marginals]:
+        b = len(self._lens)
+        if len(steps) != b:
+            raise InvalidInputError(f"got {len(steps)} draft steps for a batch of {b} rows")
+        vocab = self.model.config.vocab_size
+        for i, step in enumerate(steps):
+            if not 0 <= step.root_token < vocab:
+                raise InvalidInputError(f"row {i}: root token {step.root_token} lies outside the vocabulary [0, {vocab})")
+            if step.context_len != self.committed(i):
+                raise InvalidInputError(
+                    f"row {i}: drafter holds {self.committed(i)} committed positions but the step's context length is {step.context_len}"
+                )
+        if len({s.temperature for s in steps}) != 1:
+            raise InvalidInputError("every row of a batch drafts at the same temperature")
+        device = self.model.device
+        self._flush(device)
+        lens = torch.tensor(self._lens, device=device)  # [B]
+        longest = max(self._lens)
+        block = torch.full((b, self.block_size), self.model.config.mask_token_id, dtype=torch.long, device=device)
+        block[:, 0] = torch.tensor([s.root_token for s in steps], device=device)  # [B, bs]
+        positions = lens[:, None] + torch.arange(self.block_size, device=device)  # [B, bs]
+        visible = torch.arange(longest, device=device)[None] < lens[:, None]  # [B, C]
+        past = ContextKV(tuple(k[:, :, :longest] for k in self._keys), tuple(v[:, :, :longest] for v in self._values))
+        logits = self.model.block_logits(
+            None, block, embed=self.embed, head=self.head, block_positions=positions, context_mask=visible, past_context=past
+        )  # [B, bs - 1, V]
+        k = self.block_size - 1
+        flat = Marginals.from_logits(logits[:, :k].reshape(b * k, -1).float(), temperature=steps[0].temperature)
+        lp = flat.log_probs.view(b, k, -1)  # [B, K, V], checked once for the whole batch
+        return [Marginals(lp[i]) for i in range(b)]
+
+    def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor | None]) -> None:
+        if len(tokens) != len(self._lens) or len(features) != len(self._lens):
+            raise InvalidInputError(f"commit needs tokens and features for each of the {len(self._lens)} rows")
+        for i, (tok, feat) in enumerate(zip(tokens, features)):
+            if feat is None:
+                raise InvalidInputError(f"row {i}: the DFlash drafter needs the committed positions' target features")
+            if feat.shape[0] != tok.shape[0]:
+                raise InvalidInputError(f"row {i}: commit got {tok.shape[0]} tokens but {feat.shape[0]} feature rows")
+            self._pending[i].append(feat)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        rows = list(rows)
+        if rows == list(range(len(self._lens))):
+            return
+        if self._keys:
+            idx = torch.tensor(rows, device=self._keys[0].device)
+            self._keys = [k.index_select(0, idx) for k in self._keys]
+            self._values = [v.index_select(0, idx) for v in self._values]
+        self._lens = [self._lens[r] for r in rows]
+        self._pending = [self._pending[r] for r in rows]
+
+    # ---------------------------------------------------------------- cache
+    def _flush(self, device: torch.device) -> None:
+        """Project every row's pending features in one call and write them at each row's tail."""
+        counts = [sum(int(f.shape[0]) for f in p) for p in self._pending]
+        width = max(counts)
+        if width == 0:
+            return
+        b, feat_size = len(counts), self.model.config.feature_size
+        feats = torch.zeros(b, width, feat_size, dtype=self.model.dtype, device=device)  # [B, P, F]
+        for i, pending in enumerate(self._pending):
+            if counts[i]:
+                feats[i, : counts[i]] = torch.cat(pending, dim=0).to(device, self.model.dtype)
+        lens = torch.tensor(self._lens, device=device)  # [B]
+        positions = lens[:, None] + torch.arange(width, device=device)  # [B, P]
+        new = self.model.context_kv(feats, positions)  # per layer [B, h_kv, P, D]
+        self._reserve(max(self._lens) + width, new)
+        dst = positions[:, None, :, None]  # [B, 1, P, 1]; padding entries land past each row's new length
+        for buf, k in zip(self._keys, new.keys):
+            buf.scatter_(2, dst.expand_as(k), k)
+        for buf, v in zip(self._values, new.values):
+            buf.scatter_(2, dst.expand_as(v), v)
+        self._lens = [n + c for n, c in zip(self._lens, counts)]
+        self._pending = [[] for _ in counts]
+
+    def _reserve(self, need: int, like: ContextKV) -> None:
+        """Grow the buffers (zero-filled, capacity doubling) to hold ``need`` slots."""
+        cap = self._keys[0].shape[2] if self._keys else 0
+        if need <= cap:
+            return
+        new_cap = max(need, 2 * cap, 64)
+
+        def grow(old: torch.Tensor | None, ref: torch.Tensor) -> torch.Tensor:
+            buf = ref.new_zeros((ref.shape[0], ref.shape[1], new_cap, ref.shape[3]))  # zeros: masked slots stay finite
+            if old is not None:
+                buf[:, :, :cap] = old
+            return buf
+
+        olds_k = self._keys or [None] * len(like.keys)
+        olds_v = self._values or [None] * len(like.values)
+        self._keys = [grow(o, r) for o, r in zip(olds_k, like.keys)]
+        self._values = [grow(o, r) for o, r in zip(olds_v, like.values)]

@@ -1,0 +1,152 @@
+"""The batch-aware controller: one width W for the whole batch, the exact argmax of the predicted
+accepted tokens per second; verification expensive in B x W makes W fall to 1 and drafting stop, flat
+verification cost makes W grow. The roofline model prices batched verification."""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import bastion
+from bastion.controllers.budget import BastionController, FixedController
+from bastion.controllers.latency.roofline import RooflineLatency
+from bastion.core.hf_target import HFTarget
+from bastion.core.interfaces import LatencyModel
+from bastion.testing.drafters import NoisyOracleDrafter
+from bastion.testing.tiny import tiny_config, tiny_model
+
+
+class PlantedBatchLatency(LatencyModel):
+    """T(B, W, S) = base + per_bw * B * W + per_w2 * W^2 + per_ctx * B * S (a planted law)."""
+
+    def __init__(self, base: float, per_bw: float, per_w2: float = 0.0, per_ctx: float = 0.0) -> None:
+        self.base, self.per_bw, self.per_w2, self.per_ctx = base, per_bw, per_w2, per_ctx
+
+    def law(self, b: int, w: int, s: int) -> float:
+        return self.base + self.per_bw * b * w + self.per_w2 * w * w + self.per_ctx * b * s
+
+    def predict(self, n_tokens: int, context_len: int) -> float:
+        return self.law(1, n_tokens, context_len)
+
+    def observe(self, n_tokens: int, context_len: int, seconds: float) -> None:
+        pass
+
+    def predict_batch(self, widths: torch.Tensor, context_lens: Sequence[int]) -> torch.Tensor:
+        b, s = len(context_lens), max(context_lens)
+        return torch.tensor([self.law(b, int(w), s) for w in widths.tolist()], dtype=torch.float64)
+
+    def observe_batch(self, width: int, context_lens: Sequence[int], seconds: float) -> None:
+        pass
+
+
+def _row_scores(draw_lists: list[list[float]]) -> list[torch.Tensor]:
+    """Each row: root (log rho 0) then non-increasing log rho."""
+    return [torch.tensor([0.0] + sorted((-abs(x) for x in row), reverse=True)) for row in draw_lists]
+
+
+def _brute_force(rows: list[torch.Tensor], ctxs: list[int], lat: PlantedBatchLatency, overhead: float, draft: float) -> np.ndarray:
+    """Objective G(W) for W = 1..max n_i, computed directly from its definition."""
+    top = max(len(r) for r in rows)
+    out = []
+    for w in range(1, top + 1):
+        accepted = sum(float(r[: min(w, len(r))].double().exp().sum()) for r in rows)
+        cost = overhead + lat.law(len(rows), w, max(ctxs)) + (draft if w > 1 else 0.0)
+        out.append(accepted / cost)
+    return np.array(out)
+
+
+@given(
+    rows=st.lists(st.lists(st.floats(0.0, 6.0), min_size=0, max_size=24), min_size=1, max_size=6),
+    ctxs_seed=st.integers(0, 1000),
+    base=st.floats(1e-4, 1e-2),
+    per_bw=st.floats(0.0, 1e-3),
+    per_w2=st.floats(0.0, 1e-4),
+    overhead=st.floats(0.0, 5e-3),
+    draft=st.floats(0.0, 5e-3),
+)
+def test_chosen_width_is_the_exact_argmax_of_the_predicted_batch_throughput(rows, ctxs_seed, base, per_bw, per_w2, overhead, draft):
+    scores = _row_scores(rows)
+    rng = np.random.default_rng(ctxs_seed)
+    ctxs = rng.integers(1, 500, size=len(scores)).tolist()
+    lat = PlantedBatchLatency(base, per_bw, per_w2, per_ctx=1e-7)
+    decision = BastionController(calibration=False, gate=False).decide_width(scores, ctxs, lat, overhead, draft)
+    objective = _brute_force(scores, ctxs, lat, overhead, draft)
+    best = objective.max()
+    assert objective[decision.n - 1] >= best * (1 - 1e-9)
+    assert all(objective[w - 1] < best * (1 - 1e-9) for w in range(1, decision.n))  # smallest among ties
+    assert decision.predicted_speedup == pytest.approx(objective[decision.n - 1] / objective[0])
+
+
+def test_fixed_controller_keeps_its_width_for_the_batch():
+    scores = _row_scores([[0.1] * 3, [0.2] * 30])
+    lat = PlantedBatchLatency(1e-3, 1e-3)
+    assert FixedController(budget=8).decide_width(scores, [5, 9], lat, 0.0, 0.0).n == 8
+    assert FixedController(budget=64).decide_width(scores, [5, 9], lat, 0.0, 0.0).n == 31  # the largest tree
+
+
+@functools.lru_cache(maxsize=None)
+def _model():
+    return tiny_model("qwen3", seed=0)
+
+
+class _CountingDrafter(NoisyOracleDrafter):
+    proposals = 0
+
+    def propose(self, step):
+        type(self).proposals += 1
+        return super().propose(step)
+
+
+def _run(lat: LatencyModel, noise: float = 0.2) -> tuple[list, int]:
+    model = _model()
+    _CountingDrafter.proposals = 0
+    pipe = bastion.Pipeline(
+        HFTarget(model),
+        _CountingDrafter(model, block_size=6, noise=noise),
+        tree_builder="best-first",
+        budget_controller=BastionController(),
+        latency_model=lat,
+        max_nodes=16,
+    )
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (2, 9, 17, 5)]
+    results = pipe.generate_batch(prompts, max_new_tokens=40, stop_on_eos=False)
+    return [s for r in results for s in r.steps], _CountingDrafter.proposals
+
+
+def test_verification_expensive_in_batch_times_width_makes_w_one_and_stops_drafting():
+    steps, proposals = _run(PlantedBatchLatency(base=1e-4, per_bw=1e-2))
+    assert max(s.width for s in steps) == 1
+    # drafting only on the re-probes (backing off): far fewer drafter calls than row steps
+    assert proposals < len(steps) / 3
+    assert sum(not s.drafted for s in steps) > len(steps) / 2  # most steps were plain batched decoding
+
+
+def test_flat_verification_cost_makes_w_grow():
+    # a (planted) verify forward of 100 s whatever B and W: measured drafting and bookkeeping are negligible
+    steps, proposals = _run(PlantedBatchLatency(base=100.0, per_bw=0.0), noise=0.2)
+    widths = [s.width for s in steps]
+    assert np.mean(widths) > 8
+    assert proposals >= len(steps) - 4  # every row drafted at every step (but a last one-token step)
+
+
+def test_roofline_prices_weights_once_per_batch_and_work_per_token():
+    lat = RooflineLatency(tiny_config("qwen3", hidden_size=512, intermediate_size=2048, vocab_size=32000), "cpu", probe=False, profile=None)
+    w = torch.tensor([1, 4, 16])
+    one = lat.predict_batch(w, [100])
+    torch.testing.assert_close(one, lat.predict_many(w, 100))  # one row is the single-sequence model
+    eight = lat.predict_batch(w, [100] * 8)
+    assert bool((eight < 8 * one).all())  # weights are read once per forward, not once per row
+    assert bool((eight > one).all())
+    assert bool((eight[1:] > eight[:-1]).all())  # and work grows with B x W
+    before = float(lat.predict_batch(torch.tensor([4]), [50] * 4)[0])
+    for _ in range(40):
+        lat.observe_batch(4, [50] * 4, 10 * before)  # the machine is 10x slower than the prior says
+    after = float(lat.predict_batch(torch.tensor([4]), [50] * 4)[0])
+    assert after == pytest.approx(10 * before, rel=0.2)
