@@ -396,3 +396,7 @@ class HFTarget(Target):
         else:
             feats = [tap.outputs[i] for i in layers]
         return logits, torch.cat(feats, dim=-1)  # [B, n, F]
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
