@@ -130,11 +130,14 @@ def test_profile_round_trips_keyed_by_device_and_model(tmp_path):
     assert fresh.params == fresh.prior and fresh.params != params  # no profile for that model
 
 
-def test_malformed_profile_file_is_a_clear_error(tmp_path):
+def test_malformed_profile_file_warns_and_falls_back_to_the_prior(tmp_path):
+    from bastion.core.files import CacheWarning
+
     path = tmp_path / "bad.json"
     path.write_text("{not json")
-    with pytest.raises(InvalidInputError, match="not valid JSON"):
-        RooflineLatency(model_config=tiny_config("qwen3"), device="cpu", profile=path)
+    with pytest.warns(CacheWarning, match="not valid JSON"):
+        model = RooflineLatency(model_config=tiny_config("qwen3"), device="cpu", profile=path)
+    assert model.params == model.prior
 
 
 def test_registry_creates_roofline_with_the_pipelines_options():

@@ -11,7 +11,8 @@ import os
 import tempfile
 import threading
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, Iterator
+import warnings
+from typing import Any, Callable, Iterator
 
 from bastion.core.errors import InvalidFileError
 
@@ -26,6 +27,9 @@ __all__ = [
     "atomic_write",
     "write_json_atomic",
     "file_lock",
+    "CacheWarning",
+    "read_json_cache",
+    "update_json_cache",
 ]
 
 #: bytes per element of the safetensors dtypes
@@ -229,3 +233,34 @@ def file_lock(path: str | Path) -> Iterator[None]:
                 yield
             finally:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+class CacheWarning(UserWarning):
+    """An optional cache file is unreadable or wrongly typed: it is ignored, and rewritten on the next save."""
+
+
+def read_json_cache(path: str | Path, what: str) -> dict[str, Any] | None:
+    """The JSON object in the optional cache file ``path`` (``what`` names it in messages): None when the
+    file does not exist, and also None, with a :class:`CacheWarning`, when it is unreadable, not JSON
+    or not an object. A cache never stops a run."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        return read_json_object(path)
+    except InvalidFileError as exc:
+        warn_cache(f"{what}: {exc}")
+        return None
+
+
+def warn_cache(message: str) -> None:
+    """Warn that (part of) an optional cache is ignored."""
+    warnings.warn(f"{message}; ignoring it (the next save rewrites it)", CacheWarning, stacklevel=3)
+
+
+def update_json_cache(path: str | Path, what: str, update: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Read-modify-write the cache file ``path`` safely: under :func:`file_lock`, re-read at write time
+    (so concurrent writers merge instead of overwriting each other; an unreadable file counts as empty),
+    apply ``update`` and replace the file atomically."""
+    with file_lock(path):
+        write_json_atomic(path, update(read_json_cache(path, what) or {}))

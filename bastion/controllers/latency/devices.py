@@ -21,7 +21,7 @@ from attrs import field, frozen
 from bastion.core.checks import positive_number
 from bastion.core.dtypes import dtype_bytes, dtype_name, parse_dtype
 from bastion.core.errors import InvalidInputError
-from bastion.core.files import write_json_atomic
+from bastion.core.files import update_json_cache
 from bastion.core.folders import cache_dir
 from bastion.core.sync import device_sync
 
@@ -173,10 +173,7 @@ def _read_cache() -> dict[str, Any]:
 
 
 def _write_cache(key: str, entry: dict[str, Any]) -> None:
-    path = _cache_path()
-    data = _read_cache()
-    data[key] = entry
-    try:
-        write_json_atomic(path, data)
+    try:  # locked, merged at write time, replaced atomically (see update_json_cache)
+        update_json_cache(_cache_path(), "device peaks cache", lambda data: {**data, key: entry})
     except OSError:
         pass  # a read-only home only costs a re-measurement next time

@@ -7,13 +7,11 @@ the same peaks).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from bastion.core.errors import InvalidInputError
-from bastion.core.files import write_json_atomic
+from bastion.core.files import read_json_cache, update_json_cache, warn_cache
 from bastion.core.folders import cache_dir
 
 __all__ = ["PROFILE_FILE", "default_profile_path", "profile_key", "read_profiles", "load_profile", "save_profile"]
@@ -32,17 +30,21 @@ def profile_key(device: str, model: str) -> str:
 
 
 def read_profiles(path: str | Path) -> dict[str, dict[str, Any]]:
-    """All profiles in ``path`` (empty when the file does not exist). A malformed file is an error."""
+    """All well-formed profiles in ``path`` (empty when the file does not exist). The file is an optional
+    cache: when it is not valid JSON or not shaped as profiles, or an entry is not an object, that part
+    is ignored with a :class:`~bastion.core.files.CacheWarning`."""
     path = Path(path)
-    if not path.exists():
+    data = read_json_cache(path, "latency profile file")
+    if data is None:
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as exc:
-        raise InvalidInputError(f"latency profile file {path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("profiles"), dict):
-        raise InvalidInputError(f"latency profile file {path} lacks a 'profiles' object")
-    return data["profiles"]
+    profiles = data.get("profiles")
+    if not isinstance(profiles, dict):
+        warn_cache(f"latency profile file {path} lacks a 'profiles' object")
+        return {}
+    good = {k: v for k, v in profiles.items() if isinstance(v, dict)}
+    if len(good) != len(profiles):
+        warn_cache(f"latency profile file {path}: entries {sorted(set(profiles) - set(good))} are not objects")
+    return good
 
 
 def load_profile(path: str | Path, device: str, model: str) -> dict[str, Any] | None:
@@ -51,8 +53,17 @@ def load_profile(path: str | Path, device: str, model: str) -> dict[str, Any] | 
 
 
 def save_profile(path: str | Path, device: str, model: str, entry: dict[str, Any]) -> Path:
-    """Insert or replace the (device, model) profile in ``path``, keeping the others; atomic write."""
+    """Insert or replace the (device, model) profile in ``path``, keeping the others. Safe with other
+    threads and processes saving to the same file: the file is locked, re-read and merged at write time,
+    and replaced atomically. An unreadable file is replaced by a fresh one."""
     path = Path(path)
-    profiles = read_profiles(path)
-    profiles[profile_key(device, model)] = {**entry, "device": device, "model": model, "saved": time.time()}
-    return write_json_atomic(path, {"version": _VERSION, "profiles": profiles})
+    record = {**entry, "device": device, "model": model, "saved": time.time()}
+
+    def merge(data: dict[str, Any]) -> dict[str, Any]:
+        profiles = data.get("profiles") if isinstance(data.get("profiles"), dict) else {}
+        profiles = {k: v for k, v in profiles.items() if isinstance(v, dict)}
+        profiles[profile_key(device, model)] = record
+        return {"version": _VERSION, "profiles": profiles}
+
+    update_json_cache(path, "latency profile file", merge)
+    return path

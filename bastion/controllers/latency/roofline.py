@@ -27,6 +27,7 @@ from bastion.controllers.latency.profiles import default_profile_path, load_prof
 from bastion.controllers.latency.residual import ResidualTable
 from bastion.core.checks import check_int, check_number
 from bastion.core.errors import InvalidInputError
+from bastion.core.files import warn_cache
 from bastion.core.interfaces import LatencyModel
 
 if TYPE_CHECKING:
@@ -302,8 +303,14 @@ class RooflineLatency(LatencyModel):
         entry = load_profile(self.profile_path, self.device_label, self.cost.signature)
         if entry is None:
             return None
-        if not isinstance(entry.get("params"), dict) or not isinstance(entry.get("peaks"), dict):
-            raise InvalidInputError(f"latency profile for {self.device_label} in {self.profile_path} is malformed")
+        try:  # the profile file is an optional cache: a malformed entry is ignored, never fatal
+            RooflineParams(**entry["params"])
+            peaks = entry["peaks"]
+            if not all(isinstance(peaks[k], (int, float)) and math.isfinite(peaks[k]) and peaks[k] > 0 for k in ("flops_per_s", "bytes_per_s")):
+                raise ValueError("peaks must be finite positive numbers")
+        except (KeyError, TypeError, ValueError) as exc:
+            warn_cache(f"latency profile for {self.device_label} in {self.profile_path} is malformed ({exc!r})")
+            return None
         return entry
 
     def __repr__(self) -> str:
