@@ -54,8 +54,9 @@ def fake_plugin_dist(tmp_path, monkeypatch: pytest.MonkeyPatch):
     """Factory that installs a throw-away distribution with a ``bastion`` entry point on ``sys.path``
     (a real ``*.dist-info`` with ``entry_points.txt``, found by ``importlib.metadata``).
 
-    ``make(dist_name, module_name, source)`` writes ``module_name.py`` holding ``source`` and returns the
-    entry-point name (the module name). Modules it imported are dropped from ``sys.modules`` afterwards.
+    ``make(dist_name, module_name, source, entry_name=None)`` writes ``module_name.py`` holding ``source``
+    and returns the entry-point name (``entry_name``, default the module name). Modules it imported are
+    dropped from ``sys.modules`` afterwards.
     """
     import importlib
     import sys
@@ -66,15 +67,16 @@ def fake_plugin_dist(tmp_path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.syspath_prepend(str(site))
     made: list[str] = []
 
-    def make(dist_name: str, module_name: str, source: str) -> str:
+    def make(dist_name: str, module_name: str, source: str, entry_name: str | None = None) -> str:
         (site / f"{module_name}.py").write_text(textwrap.dedent(source))
         info = site / f"{dist_name.replace('-', '_')}-1.0.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 1.0\n")
-        (info / "entry_points.txt").write_text(f"[bastion]\n{module_name} = {module_name}\n")
+        entry = entry_name or module_name
+        (info / "entry_points.txt").write_text(f"[bastion]\n{entry} = {module_name}\n")
         importlib.invalidate_caches()
         made.append(module_name)
-        return module_name
+        return entry
 
     yield make
     for name in made:

@@ -56,3 +56,23 @@ def test_largest_seed_and_smallest_temperature_are_accepted():
     res = _pipeline().generate(IDS, max_new_tokens=3, temperature=1e-4, seed=2**64 - 1)
     greedy = _pipeline().generate(IDS, max_new_tokens=3)
     assert res.tokens == greedy.tokens  # at the smallest temperature sampling is the argmax here
+
+
+def test_a_request_cut_short_by_the_position_limit_says_so():
+    from bastion.testing.reference import greedy_reference
+
+    pipe = _pipeline()  # max_position_embeddings=64
+    prompt = torch.arange(3, 63).view(1, 60) % 256
+    res = pipe.generate(prompt, max_new_tokens=20, stop_on_eos=False)
+    assert res.stop_reason == "position-limit" and 0 < len(res.tokens) < 20
+    assert res.tokens == greedy_reference(pipe.target.model, prompt, len(res.tokens))
+    full = pipe.generate(IDS, max_new_tokens=5, stop_on_eos=False)
+    assert full.stop_reason == "length"
+
+
+def test_the_ar_baseline_reports_the_position_limit_too():
+    from bastion.bench.methods import ARDecoder
+
+    prompt = torch.arange(3, 63).view(1, 60) % 256
+    res = ARDecoder(_pipeline().target).generate(prompt, max_new_tokens=20)
+    assert res.stop_reason == "position-limit" and len(res.tokens) < 20

@@ -209,6 +209,16 @@ def test_a_name_not_found_suggests_near_names_and_mentions_blocked_plugins(fake_
         reg.create("tree_builder", "best_first")
 
 
+@pytest.mark.parametrize("block", ["fake_import_name", "Fake.Named_Dist", "nice-name"])
+def test_a_plugin_can_be_blocked_by_its_import_name_as_well_as_entry_and_distribution_names(fake_plugin_dist, monkeypatch, block):
+    ep = fake_plugin_dist("fake-named-dist", "fake_import_name", GOOD, entry_name="nice-name")
+    monkeypatch.setenv(BLOCK_ENV, block)
+    reg = Registry()
+    assert "fake-good" not in reg.names("drafter")
+    assert ep == "nice-name" and ep in reg.blocked()
+    assert "fake_import_name" not in sys.modules
+
+
 def test_a_plugin_that_raises_on_import_is_reported_by_name_and_builtins_still_work(fake_plugin_dist):
     ep = fake_plugin_dist("fake-broken-dist", "fake_broken_plugin", BROKEN_ON_IMPORT)
     reg = Registry()

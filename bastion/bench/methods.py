@@ -248,7 +248,7 @@ class ARDecoder:
             prompt_len=int(ids.shape[1]),
             prefill_s=prefill_s,
             wall_s=time.perf_counter() - t_start,
-            stop_reason="eos" if out and out[-1] in eos else "length",
+            stop_reason="eos" if out and out[-1] in eos else ("length" if len(out) >= max_new else "position-limit"),
         )
 
     def _sync(self) -> None:

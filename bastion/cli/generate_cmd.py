@@ -152,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result_json(result, ar), indent=2))
     else:
         print(summary_line(result, ar), file=sys.stderr)
+    warn_if_cut_short(result, pipe.target.max_positions)
     return 0
 
 
@@ -184,3 +185,13 @@ def _run_batch(args: argparse.Namespace, pipe: Any) -> int:
         line += f"  ar_tok/s={total / ar_wall:.1f}  speedup={ar_wall / wall:.2f}x"
     print(line)
     return 0
+
+
+def warn_if_cut_short(result: Any, max_positions: int) -> None:
+    """One warning line on stderr when the target's position limit ended the output early."""
+    if result.stop_reason == "position-limit":
+        print(
+            f"bastion: warning: output stopped after {len(result.tokens)} tokens: prompt ({result.prompt_len}) + "
+            f"output reached the target's position limit ({max_positions})",
+            file=sys.stderr,
+        )

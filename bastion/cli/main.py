@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lossless, budget-aware tree speculative decoding (BASTION) for Hugging Face causal LMs.",
     )
     parser.add_argument("--version", action="version", version=f"bastion {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback when a command fails")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for modname in COMMAND_MODULES:
         importlib.import_module(modname).add_parser(sub)
@@ -45,8 +46,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except BastionError as exc:
+        if args.debug:
+            raise
         print(f"bastion: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("bastion: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # not one of bastion's errors: one line that says what happened, no traceback
+        if args.debug:
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"bastion: error: {type(exc).__name__}: {first} (rerun with bastion --debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -416,6 +416,7 @@ class Pipeline:
             ctx = self.target.context_len
             room = self.target.max_positions - ctx - 1  # deepest node position (ctx + depth) must stay in range
             if room < 0:
+                stop_reason = "position-limit"
                 break
             # a tree of depth d emits at most d + 1 tokens: never draft deeper than the tokens still wanted
             max_depth = min(room, max_new_tokens - len(out) - 1)

@@ -4,8 +4,8 @@ Built-ins load on the first query; entry points of the ``bastion`` group load la
 query a built-in cannot answer (looking up a built-in name imports no third-party code). Hooks are called
 through pluggy, one plugin at a time, and each plugin's hook implementations are checked against the hook
 specifications when it registers: a misspelled hook name is a listed failure naming it. Set the variable
-``BASTION_BLOCK_PLUGINS`` to a comma-separated list of entry-point or distribution names to keep those
-plugins from loading (``*`` blocks every third-party plugin). A plugin that fails to import or register
+``BASTION_BLOCK_PLUGINS`` to a comma-separated list of entry-point, distribution or import names to keep
+those plugins from loading (``*`` blocks every third-party plugin). A plugin that fails to import or register
 is reported with a :class:`PluginLoadError` warning naming it; built-ins and other plugins keep working.
 """
 
@@ -15,6 +15,7 @@ import difflib
 import importlib
 import importlib.metadata
 import os
+import re
 import threading
 import warnings
 from types import ModuleType
@@ -278,7 +279,7 @@ class Registry:
         blocked = {b.strip() for b in os.environ.get(BLOCK_ENV, "").split(",") if b.strip()}
         for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             dist = ep.dist.name if ep.dist is not None else "unknown distribution"
-            if "*" in blocked or ep.name in blocked or dist in blocked:
+            if _is_blocked(blocked, ep.name, dist, ep.module):
                 self._blocked.append(ep.name)
                 continue
             if self.pm.has_plugin(ep.name):
@@ -300,6 +301,21 @@ class Registry:
                     ),
                     stacklevel=3,
                 )
+
+
+def _normalized(name: str) -> str:
+    """Distribution names compare like pip compares them: case-insensitive, ``-``, ``_`` and ``.`` alike."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _is_blocked(blocked: set[str], entry_name: str, dist: str, module: str) -> bool:
+    """Whether ``BASTION_BLOCK_PLUGINS`` names this plugin: ``*``, its entry-point name, its distribution
+    name (normalized), its import name (the entry point's module) or that module's top-level package."""
+    if not blocked:
+        return False
+    if "*" in blocked or entry_name in blocked or module in blocked or module.split(".")[0] in blocked:
+        return True
+    return _normalized(dist) in {_normalized(b) for b in blocked}
 
 
 class PluginLoadWarning(UserWarning):

@@ -287,7 +287,9 @@ class GenerationResult:
     prompt_len: int
     prefill_s: float
     wall_s: float
-    stop_reason: Literal["eos", "length", "stop"]
+    #: "eos": an end-of-sequence token; "length": max_new_tokens reached; "stop": a stop string;
+    #: "position-limit": the target ran out of positions (prompt + output reached its maximum) first
+    stop_reason: Literal["eos", "length", "stop", "position-limit"]
     text: str | None = None
 
     def __repr__(self) -> str:
