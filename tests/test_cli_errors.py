@@ -39,28 +39,36 @@ def test_a_bad_target_path_is_one_line(tmp_path, capsys):
     assert code in (1, 2) and len(err) == 1 and err[0].startswith("bastion: error:")
 
 
+class _CharTokenizer:
+    """Byte-per-token stand-in: enough for the CLI's raw prompts and decoding."""
+
+    chat_template = None
+
+    def encode(self, text, add_special_tokens=True):
+        return [3 + (ord(c) % 200) for c in text]
+
+    def decode(self, tokens, skip_special_tokens=True):
+        return "".join(chr(97 + t % 26) for t in tokens)
+
+    def __len__(self):
+        return 256
+
+
 def test_generate_warns_when_the_position_limit_cut_the_output(monkeypatch, capsys):
+    import json
+
+    import bastion
     import bastion.cli.generate_cmd as gen
-    from bastion.core.types import GenerationResult
+    from bastion.core.hf_target import HFTarget
+    from bastion.testing.drafters import NoisyOracleDrafter
+    from bastion.testing.tiny import tiny_model
 
-    class Tok:
-        def encode(self, text):
-            return [1, 2, 3]
-
-        def decode(self, tokens, skip_special_tokens=True):
-            return "out"
-
-    class Pipe:
-        tokenizer = Tok()
-
-        class target:
-            max_positions = 5
-
-        def generate(self, ids, **kw):
-            return GenerationResult(tokens=[4, 5], steps=(), prompt_len=3, prefill_s=0.0, wall_s=0.1,
-                                    stop_reason="position-limit")
-
-    monkeypatch.setattr(gen, "build_pipeline", lambda args: Pipe())
-    assert main(["generate", "--prompt", "hi", "--raw"]) == 0
-    err = capsys.readouterr().err
-    assert "warning: output stopped after 2 tokens" in err and "position limit (5)" in err
+    model = tiny_model("qwen3", seed=0, max_position_embeddings=24)
+    pipe = bastion.Pipeline(HFTarget(model), NoisyOracleDrafter(model, block_size=3), tokenizer=_CharTokenizer(), max_nodes=4)
+    monkeypatch.setattr(gen, "build_pipeline", lambda args: pipe)
+    assert main(["generate", "--prompt", "x" * 20, "--raw", "--json", "--max-new-tokens", "30"]) == 0
+    captured = capsys.readouterr()
+    payload = json.loads(captured.out)
+    assert payload["stop_reason"] == "position-limit" and payload["new_tokens"] < 30
+    assert f"warning: output stopped after {payload['new_tokens']} tokens" in captured.err
+    assert "position limit (24)" in captured.err

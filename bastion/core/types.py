@@ -277,8 +277,9 @@ class StepOutcome:
 class GenerationResult:
     """Result of :meth:`bastion.Pipeline.generate`.
 
-    ``stop_reason`` is ``"eos"`` (an end-of-sequence token), ``"length"`` (``max_new_tokens`` or the
-    target's position limit) or ``"stop"`` (a stop string; ``text`` ends right before it). ``text`` is the
+    ``stop_reason`` is ``"eos"`` (an end-of-sequence token), ``"length"`` (``max_new_tokens``),
+    ``"position-limit"`` (the target's position limit came first) or ``"stop"`` (a stop string; ``text``
+    ends right before it). ``text`` is the
     decoded output when the pipeline knows a tokenizer, else None.
     """
 
@@ -287,8 +288,6 @@ class GenerationResult:
     prompt_len: int
     prefill_s: float
     wall_s: float
-    #: "eos": an end-of-sequence token; "length": max_new_tokens reached; "stop": a stop string;
-    #: "position-limit": the target ran out of positions (prompt + output reached its maximum) first
     stop_reason: Literal["eos", "length", "stop", "position-limit"]
     text: str | None = None
 
