@@ -421,7 +421,7 @@ def write_temperatures_report(runs: Sequence[BenchRun], out_dir: str | Path, plo
     sections = []
     for r in runs:
         files += write_report(r, out / _temperature_dir(r.config.temperature), plots=plots)
-        sections.append(markdown_report(r).replace("## bastion bench", f"## T = {r.config.temperature:g}:", 1))
+        sections.append(markdown_report(r).replace("## bastion bench:", f"## T = {r.config.temperature:g}:", 1))
     first = runs[0]
     head = (
         f"# bastion bench at temperatures {', '.join(f'{r.config.temperature:g}' for r in runs)}: "
