@@ -1,5 +1,6 @@
 """Core types, the five stage interfaces, hooks, registry and the pipeline."""
 
+from bastion.core.candidates import PROPOSAL_KINDS, CandidateTree, proposal_kind
 from bastion.core.errors import (
     BastionError,
     ComponentError,
@@ -33,6 +34,7 @@ __all__ = [
     "ComponentError",
     "BudgetController",
     "BudgetDecision",
+    "CandidateTree",
     "DraftContext",
     "DraftStep",
     "Drafter",
@@ -43,6 +45,7 @@ __all__ = [
     "InvalidInputError",
     "LatencyModel",
     "Marginals",
+    "PROPOSAL_KINDS",
     "PluginLoadError",
     "SamplingConfig",
     "StageTimings",
@@ -57,4 +60,5 @@ __all__ = [
     "UnknownComponentError",
     "Verdict",
     "Verifier",
+    "proposal_kind",
 ]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 import torch
 from attrs import field, frozen
 
+from bastion.core.candidates import CandidateTree
 from bastion.core.tree import Tree
 from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, StepFeedback, Verdict
 
@@ -36,11 +37,18 @@ __all__ = [
 
 
 class Drafter(abc.ABC):
-    """Proposes position-wise marginals for the K tokens after the root, in one call per step.
+    """Proposes the tokens after the root, in one call per step: position-wise :class:`Marginals` (block
+    drafters) or a :class:`CandidateTree` with per-node conditional log-probabilities (autoregressive
+    drafters).
 
     Life cycle per generation: :meth:`bind` (once per pipeline) -> :meth:`begin` (after prefill) ->
     repeated (:meth:`propose`, :meth:`commit`).
     """
+
+    #: the proposal kind :meth:`propose` returns (``"marginals"`` or ``"candidate_tree"``), declared so
+    #: the pipeline can check the tree builder takes it when it is assembled. ``None``: undeclared, the
+    #: pipeline checks the first proposal instead.
+    proposes: ClassVar[str | None] = None
 
     #: target layer ids whose outputs the drafter reads (HF ``hidden_states[i + 1]``), concatenated
     #: along the feature axis in this order. Empty: the drafter needs no target features.
@@ -60,9 +68,10 @@ class Drafter(abc.ABC):
         """Start a new sequence: ``context.tokens`` [L] are committed, ``context.features`` [L, F]."""
 
     @abc.abstractmethod
-    def propose(self, step: DraftStep) -> Marginals:
-        """Return marginals ``[K, V]`` for depths 1..K below ``step.root_token``, tempered by
-        ``step.temperature``. The root itself is NOT yet committed."""
+    def propose(self, step: DraftStep) -> Marginals | CandidateTree:
+        """Return marginals ``[K, V]`` for depths 1..K below ``step.root_token``, or a candidate tree rooted
+        at ``step.root_token``, tempered by ``step.temperature``. The root itself is NOT yet committed.
+        ``step.max_depth`` (when set) is the deepest depth the pipeline can use; deeper proposals are cut."""
 
     @abc.abstractmethod
     def commit(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
@@ -111,7 +120,11 @@ class Drafter(abc.ABC):
 
 
 class TreeBuilder(abc.ABC):
-    """Turns marginals into a verification tree whose node order keeps every prefix prefix-closed."""
+    """Turns a drafter's proposal into a verification tree whose node order keeps every prefix
+    prefix-closed."""
+
+    #: the proposal kinds :meth:`build` takes (see :data:`bastion.core.PROPOSAL_KINDS`)
+    accepts: ClassVar[frozenset[str]] = frozenset({"marginals"})
 
     #: True when :meth:`build` returns valid trees by construction (checked by the contract kit's
     #: ``check_tree_builder``), so the pipeline need not re-validate every tree it builds. Leave False
@@ -119,8 +132,9 @@ class TreeBuilder(abc.ABC):
     builds_valid_trees: ClassVar[bool] = False
 
     @abc.abstractmethod
-    def build(self, marginals: Marginals, root_token: int, max_nodes: int) -> Tree:
-        """Return a tree of at most ``max_nodes`` nodes (root included) below ``root_token``."""
+    def build(self, marginals: Marginals | CandidateTree, root_token: int, max_nodes: int) -> Tree:
+        """Return a tree of at most ``max_nodes`` nodes (root included) below ``root_token`` from the
+        proposal (marginals, or a candidate tree for builders whose :attr:`accepts` lists it)."""
 
 
 class LatencyModel(abc.ABC):

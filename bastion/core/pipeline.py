@@ -14,6 +14,7 @@ from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 import attrs
 import torch
 
+from bastion.core.candidates import CandidateTree, check_pairing
 from bastion.core.chat import chat_ids, user_turn
 from bastion.core.checks import check_greedy_verdict, check_int, check_marginals, check_tokenizer, check_verdict
 from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError, TreeValidationError
@@ -128,7 +129,6 @@ class Pipeline:
             raise IncompatibleComponentsError(
                 f"drafter vocabulary ({self.drafter.vocab_size}) differs from the target's ({target.vocab_size})"
             )
-        self._overhead_s = 0.0
         self._plain_steps = 0  # consecutive plain steps so far
         dev = target.device
         # parents, depths and log scores of a root-only tree (the plain step)
@@ -139,6 +139,10 @@ class Pipeline:
         )
         self._batch_draft_s = 0.0  # running means of a batched step's drafting and other non-verify seconds
         self._batch_other_s = 0.0
+        if self.drafter.proposes is not None:  # a declared proposal kind is checked now, else at the first step
+            check_pairing(self.tree_builder, self.drafter.proposes, self.drafter)
+        self._other_s = 0.0  # running non-draft, non-verify seconds of a speculative step (0: none yet)
+        self._seconds_per_token = 0.0  # running seconds per committed token of a speculative step (0: none yet)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -219,9 +223,9 @@ class Pipeline:
         return cls.from_pretrained(paths.target, paths.drafter, **kwargs)
 
     # ------------------------------------------------------------------ inspection
-    def draft(self, input_ids: Prompt) -> Marginals:
-        """The marginals the drafter proposes right after prefilling ``input_ids`` [1, L], rooted at the
-        target's greedy next token."""
+    def draft(self, input_ids: Prompt) -> Marginals | CandidateTree:
+        """The proposal (marginals or a candidate tree) the drafter makes right after prefilling
+        ``input_ids`` [1, L], rooted at the target's greedy next token."""
         ids = self._prompt_ids(input_ids)
         self.target.reset()
         self.drafter.reset()
@@ -526,17 +530,27 @@ class Pipeline:
             n = 1
             t1 = t2 = t3 = time.perf_counter()
         else:
-            marginals = self.drafter.propose(DraftStep(root_token=root, context_len=ctx, temperature=draft_temperature))
-            marginals = check_marginals(marginals, self.target.vocab_size, self.drafter)
-            if marginals.depth > max_depth:  # never draft past the position limit or the token budget
-                marginals = Marginals(marginals.log_probs[:max_depth])
+            proposal = self.drafter.propose(
+                DraftStep(
+                    root_token=root,
+                    context_len=ctx,
+                    temperature=draft_temperature,
+                    max_depth=max_depth,
+                    max_nodes=self.max_nodes,
+                    seconds_per_token=self._seconds_per_token or None,
+                )
+            )
+            proposal = self._fit_proposal(proposal, root, max_depth)
             t1 = time.perf_counter()
-            tree = self.tree_builder.build(marginals, root_token=root, max_nodes=self.max_nodes)
+            tree = self.tree_builder.build(proposal, root_token=root, max_nodes=self.max_nodes)
             if self.validate_trees:
                 _validate_built(tree, root, self.target.vocab_size)
             t2 = time.perf_counter()
             scores = tree.log_scores_cpu()  # [n_max] from the builder's host copy: no device read
-            decision = self.budget_controller.decide(scores, ctx, self.latency_model, self._overhead_s)
+            # the controller sees this step's real drafting cost (flat for block drafters, growing with
+            # depth for autoregressive ones) plus the usual other overhead
+            overhead = (t1 - t0) + self._other_s
+            decision = self.budget_controller.decide(scores, ctx, self.latency_model, overhead)
             n = _checked_size(self.budget_controller, decision, len(tree))
             tree = tree.truncate(n)
             t3 = time.perf_counter()
@@ -572,8 +586,10 @@ class Pipeline:
             )
         )
         if drafting:  # the controller's overhead is a speculative step's: plain steps do not dilute it
-            self._overhead_s = running_mean(self._overhead_s, non_verify, _OVERHEAD_EMA)
+            self._other_s = running_mean(self._other_s, non_verify - (t1 - t0), _OVERHEAD_EMA)
         t7 = time.perf_counter()
+        if drafting:
+            self._seconds_per_token = running_mean(self._seconds_per_token, (t7 - t0) / (verdict.num_accepted + 1), _OVERHEAD_EMA)
         record = StepRecord(
             budget=n,
             accepted=verdict.num_accepted,
@@ -597,6 +613,18 @@ class Pipeline:
         if not sampling.greedy and not self.verifier.supports_sampling:
             raise InvalidInputError(f"verifier {type(self.verifier).__name__} supports greedy decoding only")
         return sampling
+
+    def _fit_proposal(self, proposal: Any, root: int, max_depth: int) -> Marginals | CandidateTree:
+        """Check the proposal's kind against the tree builder and cut it to ``max_depth`` (never draft past
+        the position limit or the token budget)."""
+        if isinstance(proposal, CandidateTree):
+            check_pairing(self.tree_builder, "candidate_tree", self.drafter)
+            if self.validate_trees or not type(self.drafter).__module__.startswith("bastion."):
+                proposal.validate(vocab_size=self.target.vocab_size, root_token=root)
+            return proposal.prune_depth(max_depth)
+        marginals = check_marginals(proposal, self.target.vocab_size, self.drafter)
+        check_pairing(self.tree_builder, "marginals", self.drafter)
+        return marginals if marginals.depth <= max_depth else Marginals(marginals.log_probs[:max_depth])
 
     def _check_prompt(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(input_ids, (list, tuple)):

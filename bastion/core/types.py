@@ -168,6 +168,15 @@ class DraftStep:
     root_token: int
     context_len: int  # tokens committed so far (the root sits at this position)
     temperature: float = 1.0  # the marginals' temperature (1.0 for greedy pipelines)
+    #: deepest depth below the root the pipeline can use this step (None: no limit); deeper proposals are cut
+    max_depth: int | None = None
+    #: most nodes (root included) the tree builder may select this step (None: no limit)
+    max_nodes: int | None = None
+    #: the pipeline's running estimate of seconds per committed token (step cost / tokens per step), or
+    #: None before the first step. A drafter whose cost grows with its work (an autoregressive drafter's
+    #: per-depth forwards) stops when the next piece of work gains fewer tokens than its cost buys at this
+    #: rate: the controller's marginal-gain-per-second rule.
+    seconds_per_token: float | None = None
 
 
 @frozen

@@ -13,3 +13,10 @@ def bastion_register_components(register: Register) -> None:
         "bastion.drafters.dflash:DFlashDrafter",
         description="DFlash block-diffusion drafter (checkpoint=<dir or hub id>, device=, dtype=, block_size=)",
     )
+    register(
+        "drafter",
+        "model",
+        "bastion.drafters.model:ModelDrafter",
+        description="autoregressive drafter: any causal LM with the target's vocabulary, candidate trees "
+        "(checkpoint=<dir, hub id or model>, depth=, width=, top_k=, device=, dtype=)",
+    )

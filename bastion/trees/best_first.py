@@ -19,9 +19,11 @@ import heapq
 
 import torch
 
+from bastion.core.candidates import CandidateTree
 from bastion.core.interfaces import TreeBuilder
 from bastion.core.tree import Tree
 from bastion.core.types import Marginals
+from bastion.trees.candidates import check_candidate_args, select_best_first
 from bastion.trees.common import NEG_INF, Candidates, check_build_args, check_optional_positive, make_tree, top_candidates
 
 __all__ = ["BestFirstBuilder", "Expansion", "expand_best_first", "threshold_candidates"]
@@ -150,9 +152,14 @@ class BestFirstBuilder(TreeBuilder):
       optimal tree's last score from below, and one comparison pass collects exactly the tokens that
       can reach that bound (:func:`threshold_candidates`); no second top-k and no rank cap, so the
       result never depends on ``probe_k``; only the time does.
+
+    It also takes a :class:`~bastion.core.CandidateTree` (autoregressive drafters): the ``max_nodes``
+    candidates of highest rho, in non-increasing rho order (``max_depth`` applies; ``top_k`` and
+    ``probe_k`` concern marginals only).
     """
 
     builds_valid_trees = True  # checked by check_tree_builder in the test suite
+    accepts = frozenset({"marginals", "candidate_tree"})
 
     def __init__(self, max_depth: int | None = None, top_k: int | None = None, probe_k: int | None = 32) -> None:
         self.max_depth = check_optional_positive("max_depth", max_depth)
@@ -188,7 +195,9 @@ class BestFirstBuilder(TreeBuilder):
         cand = top_candidates(marginals.log_probs, depth, k)
         return expand_best_first(cand, root_token, max_nodes)
 
-    def build(self, marginals: Marginals, root_token: int, max_nodes: int) -> Tree:
+    def build(self, marginals: Marginals | CandidateTree, root_token: int, max_nodes: int) -> Tree:
+        if isinstance(marginals, CandidateTree):
+            return select_best_first(marginals, check_candidate_args(marginals, root_token, max_nodes), self.max_depth)
         root, n = check_build_args(marginals, root_token, max_nodes)
         result = self.expand(marginals, root, n)
         return make_tree(*result.lists(), marginals.log_probs.device)

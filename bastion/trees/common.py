@@ -20,13 +20,14 @@ from typing import Sequence
 
 import torch
 
+from bastion.core.candidates import CandidateTree
 from bastion.core.checks import check_int
-from bastion.core.errors import InvalidInputError
+from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.sync import to_host
 from bastion.core.tree import HostTree, Tree
 from bastion.core.types import Marginals
 
-__all__ = ["Candidates", "check_build_args", "check_optional_positive", "top_candidates", "make_tree"]
+__all__ = ["Candidates", "check_build_args", "check_max_nodes", "check_optional_positive", "top_candidates", "make_tree"]
 
 #: log-probabilities above this are rejected as "not normalized" (rounding may leave a hair above 0)
 _POSITIVE_TOLERANCE = 1e-3
@@ -60,13 +61,23 @@ def check_optional_positive(name: str, value: object) -> int | None:
 
 def check_build_args(marginals: object, root_token: object, max_nodes: object) -> tuple[int, int]:
     """Validate the arguments of ``TreeBuilder.build``; return ``(root_token, max_nodes)`` as ints."""
+    if isinstance(marginals, CandidateTree):
+        raise IncompatibleComponentsError(
+            "this tree builder takes marginals only, not a candidate tree (an autoregressive drafter's "
+            "proposal); use best-first or chain"
+        )
     if not isinstance(marginals, Marginals):
         raise InvalidInputError(f"marginals must be a bastion.core.Marginals, got {type(marginals).__name__}")
-    n = check_int("max_nodes (the root counts as one node)", max_nodes)
+    n = check_max_nodes(max_nodes)
     root = check_int("root_token", root_token, low=None)
     if not 0 <= root < marginals.vocab_size:
         raise InvalidInputError(f"root_token {root} is outside the vocabulary [0, {marginals.vocab_size})")
     return root, n
+
+
+def check_max_nodes(max_nodes: object) -> int:
+    """``max_nodes`` as an int >= 1 (the root counts as one node)."""
+    return check_int("max_nodes (the root counts as one node)", max_nodes)
 
 
 def top_candidates(log_probs: torch.Tensor, depth: int, k: int) -> Candidates:

@@ -21,6 +21,7 @@ from bastion.core.types import DraftContext, DraftStep, Marginals
 from bastion.drafters.dflash.checkpoint import is_dflash_checkpoint
 from bastion.drafters.dflash.batch import DFlashDraftBatch
 from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
+from bastion.drafters.dtypes import as_dtype as _as_dtype
 
 if TYPE_CHECKING:
     from bastion.core.target import Target
@@ -80,6 +81,8 @@ class DFlashDrafter(Drafter):
     as ``"bfloat16"``; ``None`` keeps the checkpoint's), ``block_size`` (draft a shorter block than the
     checkpoint's, >= 2).
     """
+
+    proposes = "marginals"
 
     def __init__(
         self,
