@@ -29,7 +29,7 @@ from bastion.core.dtypes import CLI_DTYPES, parse_dtype
 SMOKE_LIMIT = 12  # documents per source in --smoke runs
 
 #: modules adding further ``bastion train`` stages (each exposes ``add_stage(stages_subparsers)``)
-STAGE_MODULES: tuple[str, ...] = ()
+STAGE_MODULES: tuple[str, ...] = ("bastion.cli.train_ar_cmd",)
 
 
 @frozen

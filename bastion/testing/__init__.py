@@ -9,6 +9,7 @@ from bastion.testing.contract import (
     check_latency_model,
     check_tree_builder,
     check_verifier,
+    random_candidate_tree,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "check_latency_model",
     "check_tree_builder",
     "check_verifier",
+    "random_candidate_tree",
 ]

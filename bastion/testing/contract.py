@@ -23,6 +23,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from bastion.core.candidates import CandidateTree
+from bastion.core.errors import TreeValidationError
 from bastion.core.interfaces import (
     COMPONENT_INTERFACES,
     BudgetController,
@@ -42,6 +44,7 @@ from bastion.testing.stats import DEFAULT_ALPHA, assert_fits
 __all__ = [
     "DOCUMENTED_ERRORS",
     "FixedLatencyModel",
+    "random_candidate_tree",
     "check_budget_controller",
     "check_component",
     "check_drafter",
@@ -114,6 +117,27 @@ def _random_marginals(gen: torch.Generator, depth: int, vocab: int, allowed: int
     return Marginals.from_logits(logits)
 
 
+def random_candidate_tree(gen: torch.Generator, vocab: int, n: int, root: int = 0, scale: float = 3.0) -> CandidateTree:
+    """A random valid candidate tree of ``n`` nodes: each node hangs below a random earlier node with a
+    token its siblings do not use, and its log q comes from one peaked random distribution per parent
+    (so siblings' probabilities sum to at most 1)."""
+    tokens, parents, log_q = [root], [-1], [0.0]
+    dists = [torch.log_softmax(torch.randn(vocab, generator=gen) * scale, dim=-1).tolist()]
+    used: list[set[int]] = [set()]
+    for _ in range(n - 1):
+        open_nodes = [i for i in range(len(tokens)) if len(used[i]) < vocab]
+        p = open_nodes[int(torch.randint(0, len(open_nodes), (1,), generator=gen))]
+        free = [t for t in range(vocab) if t not in used[p]]
+        t = free[int(torch.randint(0, len(free), (1,), generator=gen))]
+        used[p].add(t)
+        tokens.append(t)
+        parents.append(p)
+        log_q.append(dists[p][t])
+        dists.append(torch.log_softmax(torch.randn(vocab, generator=gen) * scale, dim=-1).tolist())
+        used.append(set())
+    return CandidateTree.from_lists(tokens, parents, log_q)
+
+
 # ---------------------------------------------------------------------------------------------- drafter
 def _check_marginals(drafter: Drafter, m: object, vocab: int, where: str) -> torch.Tensor:
     _require(isinstance(m, Marginals), drafter, f"{where}: propose() must return bastion.core.Marginals, got {type(m).__name__}")
@@ -133,6 +157,34 @@ def _check_marginals(drafter: Drafter, m: object, vocab: int, where: str) -> tor
     return lp
 
 
+def _check_candidates(drafter: Drafter, c: CandidateTree, vocab: int, root: int, where: str) -> torch.Tensor:
+    try:
+        c.validate(vocab_size=vocab, root_token=root)
+    except TreeValidationError as exc:
+        raise AssertionError(f"{_name(drafter)}: {where}: invalid candidate tree: {exc}") from exc
+    return torch.stack((c.tokens.cpu().double(), c.parents.cpu().double(), c.log_q.detach().cpu().double()))  # [3, n]
+
+
+def _check_proposal(drafter: Drafter, p: object, vocab: int, root: int, where: str) -> torch.Tensor:
+    """Check one proposal of either kind (and that it is the kind the drafter declares)."""
+    _require(
+        isinstance(p, (Marginals, CandidateTree)),
+        drafter,
+        f"{where}: propose() must return bastion.core.Marginals or bastion.core.CandidateTree, got {type(p).__name__}",
+    )
+    kind = "marginals" if isinstance(p, Marginals) else "candidate_tree"
+    declared = drafter.proposes
+    _require(
+        declared is None or declared == kind,
+        drafter,
+        f"{where}: declares proposes={declared!r} but propose() returned {kind}",
+    )
+    if isinstance(p, Marginals):
+        return _check_marginals(drafter, p, vocab, where)
+    assert isinstance(p, CandidateTree)
+    return _check_candidates(drafter, p, vocab, root, where)
+
+
 def check_drafter(
     drafter: Drafter,
     vocab_size: int | None = None,
@@ -146,9 +198,11 @@ def check_drafter(
     """Check a :class:`~bastion.core.Drafter`.
 
     Runs ``begin -> (propose, commit) x steps`` twice (with :meth:`reset` in between) and checks: the
-    vocabulary size, ``feature_layers`` type, marginals of shape [K, V] that are normalized with no NaN or
-    +inf, the same marginals on the second run (determinism), valid marginals at temperature 0.5, and an
-    error for a root token outside the vocabulary.
+    vocabulary size, ``feature_layers`` type, the declared proposal kind (``proposes``), the proposals
+    (marginals of shape [K, V] that are normalized with no NaN or +inf; or candidate trees rooted at the
+    step's root with parents before children, distinct siblings, log q <= 0 and each node's children
+    carrying probability <= 1), the same proposals on the second run (determinism), a valid proposal at
+    temperature 0.5, and an error for a root token outside the vocabulary.
 
     ``target``: bind the drafter to it and take the prompt's features from its prefill (needed by
     drafters that borrow target weights). Without a target, a drafter with non-empty ``feature_layers``
@@ -168,6 +222,11 @@ def check_drafter(
         isinstance(layers, tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in layers),
         drafter,
         f"feature_layers must be a tuple of ints, got {layers!r}",
+    )
+    _require(
+        drafter.proposes in (None, "marginals", "candidate_tree"),
+        drafter,
+        f"proposes must be None, 'marginals' or 'candidate_tree', got {drafter.proposes!r}",
     )
     gen = seeded_generator(seed)
     if prompt is None:  # a short repeating pattern, so context-matching drafters have something to find
@@ -198,7 +257,7 @@ def check_drafter(
         ctx, seen = int(ids.shape[0]), []
         for i, (root, nxt) in enumerate(roots):
             m = drafter.propose(DraftStep(root_token=root, context_len=ctx, temperature=1.0))
-            seen.append(_check_marginals(drafter, m, vocab, f"step {i}"))
+            seen.append(_check_proposal(drafter, m, vocab, root, f"step {i}"))
             feats = step_feats[i]
             if feats is not None and features is not None:
                 feats = feats.to(device=features.device, dtype=features.dtype)
@@ -212,12 +271,12 @@ def check_drafter(
             a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5)),
             drafter,
             f"propose() is not deterministic: after reset() and the same begin/commit calls, step {i} "
-            "returned different marginals",
+            "returned a different proposal",
         )
     drafter.reset()
     drafter.begin(DraftContext(tokens=ids, features=features))
     cold = drafter.propose(DraftStep(root_token=roots[0][0], context_len=int(ids.shape[0]), temperature=0.5))
-    _check_marginals(drafter, cold, vocab, "temperature 0.5")
+    _check_proposal(drafter, cold, vocab, roots[0][0], "temperature 0.5")
     _require_error(
         drafter,
         lambda: drafter.propose(DraftStep(root_token=vocab, context_len=int(ids.shape[0]), temperature=1.0)),
@@ -246,8 +305,18 @@ def check_tree_builder(
 
     ``best_first=True`` also checks the best-first property: scores never increase along the node order
     and a smaller budget's tree is exactly the first nodes of a larger budget's tree.
+
+    A builder whose ``accepts`` lists ``"candidate_tree"`` is also fed random candidate trees: its trees
+    must be valid subtrees of the candidates (every node's path of tokens is a candidate's path) with
+    ``log_scores`` the sum of the path's log q (and, with ``best_first``, the same best-first property).
     """
     _check_type(builder, TreeBuilder)
+    accepts = getattr(builder, "accepts", frozenset({"marginals"}))
+    _require(
+        isinstance(accepts, frozenset) and bool(accepts) and accepts <= {"marginals", "candidate_tree"},
+        builder,
+        f"accepts must be a non-empty frozenset of 'marginals' / 'candidate_tree', got {accepts!r}",
+    )
     gen = seeded_generator(seed)
     cases = [
         ("dense", _random_marginals(gen, depth, vocab_size)),
@@ -272,6 +341,17 @@ def check_tree_builder(
             trees.append(tree)
         if best_first:
             _check_best_first(builder, trees, budgets, label)
+    if "candidate_tree" in accepts:
+        for label, n_cand in (("candidate tree", 40), ("root-only candidate tree", 1)):
+            cand = random_candidate_tree(gen, vocab_size, n_cand, root=int(torch.randint(0, vocab_size, (1,), generator=gen)))
+            trees = []
+            for b in budgets:
+                where = f"{label} of {n_cand} nodes, max_nodes={b}"
+                tree = builder.build(cand, root_token=cand.root_token, max_nodes=b)
+                _check_tree_of_candidates(builder, tree, cand, b, vocab_size, where)
+                trees.append(tree)
+            if best_first:
+                _check_best_first(builder, trees, budgets, label)
     _require_error(
         builder,
         lambda: builder.build(cases[0][1], root_token=0, max_nodes=0),
@@ -299,6 +379,30 @@ def _check_tree(builder: TreeBuilder, tree: object, m: Marginals, root: int, bud
         bool(torch.allclose(got, torch.tensor(expected, dtype=torch.float64), atol=1e-4, rtol=1e-4)),
         builder,
         f"{where}: log_scores must be log rho, the sum of log q_k along each node's path (root 0.0)",
+    )
+
+
+def _check_tree_of_candidates(builder: TreeBuilder, tree: object, cand: CandidateTree, budget: int, vocab: int, where: str) -> None:
+    _require(isinstance(tree, Tree), builder, f"{where}: build() must return bastion.core.Tree, got {type(tree).__name__}")
+    assert isinstance(tree, Tree)
+    try:
+        tree.validate(vocab_size=vocab)
+    except Exception as exc:
+        raise AssertionError(f"{_name(builder)}: {where}: invalid tree: {exc}") from exc
+    _require(int(tree.tokens[0]) == cand.root_token, builder, f"{where}: node 0 must be the root token {cand.root_token}")
+    _require(1 <= len(tree) <= budget, builder, f"{where}: tree has {len(tree)} nodes, allowed 1..{budget}")
+    c_tokens, c_parents, c_logq = cand.host_lists()
+    child_of = {(p, t): i for i, (p, t) in enumerate(zip(c_parents, c_tokens)) if p >= 0}
+    match, expected = [0], [0.0]
+    for i, (p, t) in enumerate(zip(tree.parents.tolist()[1:], tree.tokens.tolist()[1:]), start=1):
+        c = child_of.get((match[p], t))
+        _require(c is not None, builder, f"{where}: node {i} (token {t}) is not a candidate below its parent's candidate")
+        match.append(c)
+        expected.append(expected[p] + c_logq[c])
+    _require(
+        bool(torch.allclose(tree.log_scores.double().cpu(), torch.tensor(expected, dtype=torch.float64), atol=1e-4, rtol=1e-4)),
+        builder,
+        f"{where}: log_scores must be log rho, the sum of the candidates' log q along each node's path",
     )
 
 

@@ -153,6 +153,7 @@ class ModelDrafter(Drafter):
         self._kv.chain(torch.tensor(ids, dtype=torch.long), len(ids))
         self._tokens = ids
 
+    @torch.inference_mode()
     def commit(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
         toks = [int(t) for t in tokens.tolist()]
         slots: list[int] = []
