@@ -495,6 +495,14 @@ def _dflash_setup(tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
     return {"checkpoint": str(directory), "device": "cpu", "dtype": "float32"}, {"target": target}
 
 
+def _model_setup(tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
+    from bastion.core.hf_target import HFTarget
+    from bastion.testing.tiny import save_tiny_target, tiny_model
+
+    directory = save_tiny_target(tmp.mktemp("ar-draft"), "qwen3", seed=4, num_hidden_layers=1)
+    return {"checkpoint": str(directory), "depth": 3, "width": 2, "top_k": 3}, {"target": HFTarget(tiny_model("qwen3", seed=0))}
+
+
 def _example_ngram_setup(_tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
     return {"vocab_size": V}, {}
 
@@ -502,6 +510,7 @@ def _example_ngram_setup(_tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
 NEEDS_OPTIONS = {
     ("latency_model", "roofline"): _roofline_setup,
     ("drafter", "dflash"): _dflash_setup,
+    ("drafter", "model"): _model_setup,
     ("drafter", "example-ngram"): _example_ngram_setup,
 }
 CHECK_ARGS = {("tree_builder", "best-first"): {"best_first": True}}

@@ -17,6 +17,7 @@ and queues the rest (e.g. an accepted leaf that was never fed) for the next step
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -114,6 +115,21 @@ class ModelDrafter(Drafter):
         self.last_depth = 0
 
     # ---------------------------------------------------------------- interface
+    @classmethod
+    def claims_checkpoint(cls, path: str | Path) -> bool:
+        """Plain causal LMs: a ``config.json`` whose ``architectures`` name a ``*ForCausalLM`` class and that
+        is not a DFlash checkpoint (those carry a ``dflash_config`` section)."""
+        from bastion.drafters.dflash.checkpoint import resolve_checkpoint_dir
+
+        try:
+            data = json.loads((resolve_checkpoint_dir(path, config_only=True) / "config.json").read_text())
+        except (InvalidInputError, OSError, ValueError):
+            return False
+        if not isinstance(data, dict) or "dflash_config" in data:
+            return False
+        archs = data.get("architectures") or []
+        return isinstance(archs, list) and any(isinstance(a, str) and a.endswith("ForCausalLM") for a in archs)
+
     @property
     def vocab_size(self) -> int:
         return self._vocab
