@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Protocol, Sequence
 
+import attrs
 import torch
 from attrs import field, frozen
 
@@ -59,6 +60,7 @@ class MethodSpec:
     controller_options: Mapping[str, Any] = field(factory=dict)
     tree_options: Mapping[str, Any] = field(factory=dict)
     max_nodes: int = 64
+    drafter: str | None = None  # drafter family (``METHOD:FAMILY``); None: the run's only drafter
 
     @property
     def is_ar(self) -> bool:
@@ -85,6 +87,13 @@ def parse_method(
     copts = controller_options or {}
     if not name:
         raise InvalidInputError("empty method name")
+    from bastion.bench.families import split_family
+
+    base, family = split_family(name)
+    if family is not None:  # METHOD:FAMILY runs METHOD with that drafter family
+        spec = parse_method(base, max_nodes=max_nodes, tree_options=tree_options, controller_options=controller_options,
+                            known_trees=known_trees, known_controllers=known_controllers)
+        return attrs.evolve(spec, name=name, drafter=family)
     if name == AR:
         return MethodSpec(AR, None)
     if name == ADAPTIVE:

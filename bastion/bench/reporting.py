@@ -268,6 +268,16 @@ def markdown_report(run: BenchRun) -> str:
     rel = reliability_table(run.stats)
     if rel:
         parts += ["", "### Predicted against realized tokens per step (steps that drafted)", "", rel]
+    families = list(dict.fromkeys(s.drafter for s in run.specs if s.drafter is not None))
+    if families:
+        from bastion.bench.families import families_table, family_summaries
+
+        parts[2:2] = [
+            "### Drafter families: acceptance length and speedup over ar (same run)",
+            "",
+            families_table(family_summaries(run.stats, families)),
+            "",
+        ]
     hist = budget_table(run.stats)
     if hist:
         parts += ["", "### Budgets chosen by the adaptive controller (share of steps)", "", hist]

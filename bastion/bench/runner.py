@@ -17,6 +17,7 @@ import torch
 from attrs import field, frozen
 
 from bastion.bench.datasets import Prompt, load_dataset
+from bastion.bench.families import split_family
 from bastion.bench.methods import AR, ADAPTIVE, Decoder, MethodSpec, build_decoder, default_methods, parse_method
 from bastion.bench.metrics import DatasetSummary, MethodStats, PromptRun, aggregate, latency_points, summarize
 from bastion.bench.templates import TemplateStyle, encode_prompt
@@ -130,7 +131,8 @@ def run_bench(
     ctx: DistContext | None = None,
     prompts: Sequence[Prompt] | None = None,
 ) -> BenchRun | None:
-    """Run ``config`` on one loaded ``target`` and ``drafter`` shared by every method. Under torchrun
+    """Run ``config`` on one loaded ``target`` and ``drafter`` shared by every method (or a mapping of
+    drafter family -> drafter, for methods named ``METHOD:FAMILY``). Under torchrun
     (``ctx`` of several ranks) each rank measures its round-robin share of the prompts on its own device
     and rank 0 returns the pooled run (the other ranks return None). ``prompts``: already loaded with
     :func:`load_prompts` (e.g. checked before the models were loaded)."""
@@ -143,7 +145,7 @@ def run_bench(
     if config.template not in ("auto", "chat", "plain"):
         raise InvalidInputError(f"template must be auto, chat or plain, got {config.template!r}")
     decoders: dict[str, Decoder] = {
-        s.name: build_decoder(s, target, drafter, tokenizer, registry, latency_model=config.latency_model,
+        s.name: build_decoder(s, target, _drafter_of(s, drafter), tokenizer, registry, latency_model=config.latency_model,
                               verifier=config.verifier, component_options=config.component_options)
         for s in specs
     }
@@ -195,7 +197,7 @@ def run_bench(
     order = {n: k for k, n in enumerate(names)}
     runs_sorted = sorted(runs, key=lambda r: order[r.method])
     stats = aggregate(runs_sorted, reference=AR, check_equal=config.temperature == 0.0)
-    adaptive = decoders.get(ADAPTIVE)
+    adaptive = decoders.get(ADAPTIVE) or next((d for n, d in decoders.items() if split_family(n)[0] == ADAPTIVE), None)
     lat_model = getattr(adaptive, "latency_model", None)
     fit = None
     if lat_model is not None:
@@ -263,6 +265,18 @@ def run_bench_temperatures(
         for t in temps
     ]
     return None if any(r is None for r in runs) else [r for r in runs if r is not None]
+
+
+def _drafter_of(spec: MethodSpec, drafter: Any) -> Any:
+    """The drafter a method runs with: ``drafter`` itself, or its family's entry when ``drafter`` maps
+    family names to drafters (``bastion bench --drafters``)."""
+    if not isinstance(drafter, Mapping):
+        return drafter
+    if spec.drafter is None:
+        return next(iter(drafter.values()))
+    if spec.drafter not in drafter:
+        raise InvalidInputError(f"method {spec.name!r} names drafter {spec.drafter!r}; the run has {', '.join(drafter)}")
+    return drafter[spec.drafter]
 
 
 class _NoBar:

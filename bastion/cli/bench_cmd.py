@@ -20,6 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "Without --target/--drafter the embedded demo pair is used."
         ),
     )
+    p.add_argument("--drafters", type=csv_list, metavar="FAMILY[=PATH],...",
+                   help="several drafters in one run, e.g. dflash,model (the demo pair's block and autoregressive "
+                   "drafters) or dflash=DIR,model=DIR2 with --target: every method runs once per drafter (METHOD:FAMILY)")
     p.add_argument("--datasets", type=csv_list, help="comma-separated NAME[=PATH|hf:ID] (default gsm8k,humaneval,mt_bench)")
     p.add_argument("--data-dir", help="directory holding gsm8k/, humaneval/, mt_bench/ (default $BASTION_DATA_DIR, ./data or ../shared/data)")
     p.add_argument("--limit", type=int, help="prompts per dataset (default 10; --quick 3)")
@@ -93,6 +96,39 @@ def load_pair(args: argparse.Namespace, device: Any = None) -> tuple[Any, Any, A
     return pipe.target, pipe.drafter, pipe.tokenizer
 
 
+def load_drafters(target: str | None, entries: list[str], device: str, dtype: str) -> tuple[Any, dict[str, Any], Any]:
+    """(target, {family: drafter}, tokenizer) for ``--drafters``: ``FAMILY`` alone names a demo drafter
+    (without --target), ``FAMILY=PATH`` any checkpoint the registry's drafters claim."""
+    import torch
+
+    from bastion.cli.options import torch_dtype
+    from bastion.core.errors import InvalidInputError
+    from bastion.core.pipeline import Pipeline
+    from bastion.demo import demo_drafter, demo_paths
+
+    specs: dict[str, str] = {}
+    for entry in entries:
+        family, sep, path = entry.partition("=")
+        if not sep:
+            if target is not None:
+                raise InvalidInputError(f"--drafters {entry!r}: with --target give FAMILY=PATH")
+            path = str(demo_drafter(family))
+        if family in specs:
+            raise InvalidInputError(f"--drafters names {family!r} twice")
+        specs[family] = path
+    loaded: Any = target if target is not None else str(demo_paths().target)
+    dt = torch_dtype(dtype)
+    if dt == "auto" and target is None and str(device).startswith("cpu"):
+        dt = torch.float32  # the demo models ship in float16 and run in float32 on the CPU
+    drafters: dict[str, Any] = {}
+    tokenizer = None
+    for family, path in specs.items():
+        pipe = Pipeline.from_pretrained(loaded, path, device=device, dtype=dt, tokenizer=tokenizer)
+        loaded, tokenizer = pipe.target, pipe.tokenizer
+        drafters[family] = pipe.drafter
+    return loaded, drafters, tokenizer
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -114,7 +150,21 @@ def run(args: argparse.Namespace) -> int:
         return _run_batch_sizes(args, config, target, drafter, tokenizer)
     ctx = setup(args.device)  # under torchrun: one share of the prompts per rank, pooled on rank 0
     try:
-        target, drafter, tokenizer = load_pair(args, device=ctx.device)
+        if args.drafters:
+            import attrs
+
+            from bastion import registry
+            from bastion.bench.families import family_methods
+
+            if args.drafter is not None:
+                from bastion.core.errors import InvalidInputError
+
+                raise InvalidInputError("give --drafter or --drafters, not both")
+            target, drafter, tokenizer = load_drafters(args.target, args.drafters, str(ctx.device), args.dtype)
+            accepts = {n: registry.create("tree_builder", n).accepts for n in registry.names("tree_builder")}
+            config = attrs.evolve(config, methods=family_methods(config.methods, drafter, accepts))
+        else:
+            target, drafter, tokenizer = load_pair(args, device=ctx.device)
         if args.temperatures:
             from bastion.bench.runner import run_bench_temperatures
 

@@ -81,7 +81,8 @@ def add_model_arguments(p: argparse.ArgumentParser, *, device_default: str = "cp
     """--target, --drafter, --drafter-option, --device, --dtype, --device-map."""
     g = p.add_argument_group("models")
     g.add_argument("--target", help="target model: local directory or hub id (default: the demo pair)")
-    g.add_argument("--drafter", help="drafter: registered name, DFlash checkpoint dir or hub id (default: the demo pair)")
+    g.add_argument("--drafter", help="drafter: registered name, checkpoint dir or hub id; without --target, dflash "
+                   "(default) or model picks the demo pair's block or autoregressive drafter")
     g.add_argument("--drafter-option", type=_plain_option, action="append", default=[], metavar="KEY=VALUE",
                    help="option for a drafter given by name, JSON value (repeatable)")
     g.add_argument("--device", default=device_default, help=f"cpu, cuda, cuda:N or auto (default {device_default})")
@@ -216,10 +217,12 @@ def build_pipeline(args: argparse.Namespace, *, device: Any = None, components: 
     kwargs = pipeline_kwargs(args, components=components)
     if device is not None:
         kwargs["device"] = device
-    if target is None and drafter is None:
+    from bastion.demo import DEMO_DRAFTERS
+
+    if target is None and (drafter is None or drafter in DEMO_DRAFTERS):
         if kwargs["dtype"] == "auto":
             del kwargs["dtype"]  # the demo pair's own default
-        return Pipeline.demo(**kwargs)
+        return Pipeline.demo(drafter=drafter or "dflash", **kwargs)
     if target is None:
         from bastion.demo import demo_paths
 

@@ -210,17 +210,17 @@ class Pipeline:
         )
 
     @classmethod
-    def demo(cls, **kwargs: Any) -> "Pipeline":
-        """The embedded trained demo pair (target + DFlash drafter + tokenizer) as a pipeline.
+    def demo(cls, drafter: str = "dflash", **kwargs: Any) -> "Pipeline":
+        """The embedded trained demo pair (target + tokenizer + a drafter) as a pipeline: ``drafter``
+        ``"dflash"`` (the block drafter) or ``"model"`` (the autoregressive one).
 
-        The pair ships in float16 to keep the package small; on the CPU it is loaded as float32 (the
-        dtype it was trained in, and much faster there) unless ``dtype=`` says otherwise."""
-        from bastion.demo import demo_paths
+        The models ship in float16 to keep the package small; on the CPU they are loaded as float32 (the
+        dtype they were trained in, and much faster there) unless ``dtype=`` says otherwise."""
+        from bastion.demo import demo_drafter, demo_paths
 
-        paths = demo_paths()
         if str(kwargs.get("device") or "cpu").startswith("cpu"):
             kwargs.setdefault("dtype", torch.float32)
-        return cls.from_pretrained(paths.target, paths.drafter, **kwargs)
+        return cls.from_pretrained(demo_paths().target, demo_drafter(drafter), **kwargs)
 
     # ------------------------------------------------------------------ inspection
     def draft(self, input_ids: Prompt) -> Marginals | CandidateTree:
