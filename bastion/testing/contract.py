@@ -359,7 +359,8 @@ def check_tree_builder(
     )
 
 
-def _check_tree(builder: TreeBuilder, tree: object, m: Marginals, root: int, budget: int, vocab: int, where: str) -> None:
+def _check_tree_shape(builder: TreeBuilder, tree: object, root: int, budget: int, vocab: int, where: str) -> Tree:
+    """A valid :class:`Tree` with the root token first and at most ``budget`` nodes."""
     _require(isinstance(tree, Tree), builder, f"{where}: build() must return bastion.core.Tree, got {type(tree).__name__}")
     assert isinstance(tree, Tree)
     try:
@@ -368,6 +369,11 @@ def _check_tree(builder: TreeBuilder, tree: object, m: Marginals, root: int, bud
         raise AssertionError(f"{_name(builder)}: {where}: invalid tree: {exc}") from exc
     _require(int(tree.tokens[0]) == root, builder, f"{where}: node 0 must be the root token {root}, got {int(tree.tokens[0])}")
     _require(1 <= len(tree) <= budget, builder, f"{where}: tree has {len(tree)} nodes, allowed 1..{budget}")
+    return tree
+
+
+def _check_tree(builder: TreeBuilder, tree: object, m: Marginals, root: int, budget: int, vocab: int, where: str) -> None:
+    tree = _check_tree_shape(builder, tree, root, budget, vocab, where)
     _require(tree.max_depth <= m.depth, builder, f"{where}: tree depth {tree.max_depth} exceeds the K={m.depth} marginals")
     lp = m.log_probs.double()  # [K, V]
     parents, depths, tokens = tree.parents.tolist(), tree.depths.tolist(), tree.tokens.tolist()
@@ -383,14 +389,7 @@ def _check_tree(builder: TreeBuilder, tree: object, m: Marginals, root: int, bud
 
 
 def _check_tree_of_candidates(builder: TreeBuilder, tree: object, cand: CandidateTree, budget: int, vocab: int, where: str) -> None:
-    _require(isinstance(tree, Tree), builder, f"{where}: build() must return bastion.core.Tree, got {type(tree).__name__}")
-    assert isinstance(tree, Tree)
-    try:
-        tree.validate(vocab_size=vocab)
-    except Exception as exc:
-        raise AssertionError(f"{_name(builder)}: {where}: invalid tree: {exc}") from exc
-    _require(int(tree.tokens[0]) == cand.root_token, builder, f"{where}: node 0 must be the root token {cand.root_token}")
-    _require(1 <= len(tree) <= budget, builder, f"{where}: tree has {len(tree)} nodes, allowed 1..{budget}")
+    tree = _check_tree_shape(builder, tree, cand.root_token, budget, vocab, where)
     c_tokens, c_parents, c_logq = cand.host_lists()
     child_of = {(p, t): i for i, (p, t) in enumerate(zip(c_parents, c_tokens)) if p >= 0}
     match, expected = [0], [0.0]

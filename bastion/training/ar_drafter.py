@@ -37,9 +37,9 @@ class ARDrafterConfig:
     num_layers: int = attrs.field(default=1, validator=_pos)
     hidden_size: int | None = None  # None: the target's width (and initialisation from its weights)
     init_from_target: bool = True  # copy embedding, first layers and final norm when widths match
-    seqs_per_step: int = attrs.field(default=8, validator=_pos)
-    max_len: int = attrs.field(default=384, validator=_pos)
-    steps: int = attrs.field(default=800, validator=_pos)
+    seqs_per_step: int = attrs.field(default=4, validator=_pos)
+    max_len: int = attrs.field(default=192, validator=_pos)
+    steps: int = attrs.field(default=300, validator=_pos)
     lr: float = attrs.field(default=1e-3, validator=_pos)
     warmup: int = attrs.field(default=30, validator=attrs.validators.ge(1))
     weight_decay: float = attrs.field(default=0.01, validator=attrs.validators.ge(0))
@@ -99,7 +99,7 @@ def _distill_loss(drafter: Any, ids: torch.Tensor, attn: torch.Tensor, mask: tor
 
 
 @torch.no_grad()
-def evaluate_ar_drafter(drafter: Any, target: Any, held: Sequence[DistillSequence], max_len: int = 384) -> dict[str, float]:
+def evaluate_ar_drafter(drafter: Any, target: Any, held: Sequence[DistillSequence], max_len: int = 192) -> dict[str, float]:
     """Teacher-forced agreement on held-out continuations: ``top1`` = how often the drafter's argmax equals
     the target's (the per-token acceptance of a greedy chain), ``expected_q`` = mean probability the
     drafter gives the target's choice, and ``chain_acceptance`` = mean run length of agreements (+1)."""
@@ -155,7 +155,8 @@ def train_ar_drafter(
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         opt.step()
         step += 1
-        ema = float(loss) if ema is None else 0.95 * ema + 0.05 * float(loss)
+        value = float(loss.detach())
+        ema = value if ema is None else 0.95 * ema + 0.05 * value
         bar.update(1)
         bar.set_postfix(loss=f"{ema:.3f}")
         if step % cfg.save_every == 0 or step == cfg.steps:
