@@ -79,7 +79,8 @@ def check_marginals(marginals: Any, vocab_size: int, drafter: object) -> Margina
     """What :meth:`Drafter.propose` returned must be :class:`Marginals` over the target's vocabulary."""
     if not isinstance(marginals, Marginals):
         raise ComponentError(
-            f"drafter {_name(drafter)}.propose returned {type(marginals).__name__}; it must return bastion.core.Marginals"
+            f"drafter {_name(drafter)}.propose returned {type(marginals).__name__}; it must return "
+            "bastion.core.Marginals or bastion.core.CandidateTree"
         )
     if marginals.vocab_size != vocab_size:
         raise IncompatibleComponentsError(
