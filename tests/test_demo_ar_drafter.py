@@ -51,7 +51,7 @@ def test_generate_command_takes_the_model_drafter_by_name(capsys: pytest.Capture
     from bastion.cli.main import main
 
     assert main(["generate", "--prompt", PROMPT, "--drafter", "model", "--max-new-tokens", "12"]) == 0
-    assert "acceptance=" in capsys.readouterr().out
+    assert "acceptance=" in capsys.readouterr().err
 
 
 def test_unknown_demo_drafters_are_named() -> None:
