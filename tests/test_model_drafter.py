@@ -287,3 +287,13 @@ def test_from_pretrained_picks_the_model_drafter_for_a_plain_causal_lm_directory
     assert isinstance(pipe.drafter, ModelDrafter)
     prompt = _prompts("qwen3")[1]
     assert pipe.generate(torch.tensor([prompt]), max_new_tokens=10).tokens == _reference("qwen3", tuple(prompt))[:10]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_decoding_with_the_model_drafter_equals_each_prompt_decoded_alone(arch):
+    pipe = _pipeline(arch, "best-first", 8, depth=4, width=2, top_k=3)
+    prompts = _prompts(arch)
+    results = pipe.generate_batch(prompts, max_new_tokens=NEW_TOKENS)
+    for prompt, res in zip(prompts, results):
+        assert res.tokens == _reference(arch, tuple(prompt)), prompt
+    assert any(s.drafted for res in results for s in res.steps)  # candidate trees went through the batch

@@ -14,7 +14,7 @@ every row samples the target's own distribution at T > 0 (the verifier's guarant
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -24,7 +24,7 @@ from bastion.core.running import running_mean
 from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
 from bastion.core.target import Target
 from bastion.core.tree import Tree
-from bastion.core.types import DraftContext, DraftStep, GenerationResult, Marginals, SamplingConfig, StageTimings, StepFeedback, StepRecord
+from bastion.core.types import DraftContext, DraftStep, GenerationResult, SamplingConfig, StageTimings, StepFeedback, StepRecord
 
 
 __all__ = ["decode_batch", "decode_plain_batch"]
@@ -325,13 +325,13 @@ def _root_only(pipe: Pipeline, root: int) -> Tree:
     return Tree(torch.tensor([root], device=pipe.target.device), *pipe._root_only)
 
 
-def _row_tree(pipe: Pipeline, marginals: Marginals, root: int, max_depth: int) -> Tree:
-    """Row's best tree under its drafting limit (a root-only tree when it may not draft at all)."""
+def _row_tree(pipe: Pipeline, proposal: Any, root: int, max_depth: int) -> Tree:
+    """Row's best tree under its drafting limit (a root-only tree when it may not draft at all). The
+    proposal is marginals or a candidate tree, checked and cut like a single sequence's."""
     if max_depth < 1:
-        return Tree.from_parents(torch.tensor([root], device=marginals.log_probs.device), [-1])
-    if marginals.depth > max_depth:
-        marginals = Marginals(marginals.log_probs[:max_depth])
-    tree = pipe.tree_builder.build(marginals, root_token=root, max_nodes=pipe.max_nodes)
+        return _root_only(pipe, root)
+    proposal = pipe._fit_proposal(proposal, root, max_depth)
+    tree = pipe.tree_builder.build(proposal, root_token=root, max_nodes=pipe.max_nodes)
     if pipe.validate_trees:
         _validate_built(tree, root, pipe.target.vocab_size)
     return tree
