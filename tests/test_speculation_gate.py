@@ -84,6 +84,26 @@ def test_reset_starts_a_sequence_speculating():
     assert gate.should_draft() and gate.speculating and gate.plain_steps == 0
 
 
+def test_a_setting_that_ended_switched_off_starts_its_next_sequence_off_and_probes_after_its_backoff():
+    gate = SpeculationGate(min_backoff=2, max_backoff=16, smoothing=1.0)
+    gate.start("T=1")
+    run(gate, iter(lambda: 0.5, None), 12)  # never pays: switched off, back-off grown
+    backoff = gate.backoff
+    assert not gate.speculating and backoff > 2
+    gate.start("T=1")  # the next request under the same setting
+    assert run(gate, iter(lambda: 0.5, None), backoff + 1) == [False] * backoff + [True]
+    gate.start("T=0")  # another setting starts speculating
+    assert gate.should_draft() and gate.speculating
+
+
+def test_a_setting_that_ended_speculating_starts_its_next_sequence_speculating():
+    gate = SpeculationGate()
+    gate.start("T=0")
+    run(gate, iter(lambda: 3.0, None), 10)
+    gate.start("T=0")
+    assert gate.should_draft() and gate.speculating and gate.plain_steps == 0
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [dict(margin=-1.0), dict(margin=math.nan), dict(smoothing=0.0), dict(smoothing=1.5), dict(min_backoff=0),

@@ -125,10 +125,12 @@ class BastionController(BudgetController):
 
     # ------------------------------------------------------------------ per sequence
     def begin(self, sampling: SamplingConfig) -> None:
-        """Select the calibration table of ``sampling`` and restart the gate (calibration persists)."""
+        """Select the calibration table of ``sampling`` and start the gate's new sequence (calibration
+        persists; the gate continues the back-off of this setting's last sequence, see
+        :meth:`SpeculationGate.start`)."""
         self._key = sampling_key(sampling)
         if self.gate is not None:
-            self.gate.reset()
+            self.gate.start(self._key)
 
     def speculate(self) -> bool:
         return True if self.gate is None else self.gate.should_draft()

@@ -75,7 +75,26 @@ class SpeculationGate:
         self.min_backoff = min_backoff
         self.max_backoff = max_backoff
         self.growth = float(growth)
+        self._ended: dict[object, tuple[bool, int, float | None]] = {}  # per sampling key: how its last sequence ended
+        self._key: object = None
         self.reset()
+
+    def start(self, key: object) -> None:
+        """Start a new sequence under the sampling setting ``key``. A setting whose previous sequence
+        ended with speculation switched off starts switched off, continuing that back-off (its first
+        probe comes after ``backoff`` plain steps), so a stream of short requests does not pay a probe
+        at the start of each; any other setting starts speculating, as :meth:`reset` does. Only the
+        speed depends on this, never the tokens."""
+        if getattr(self, "_key", None) is not None:
+            self._ended[self._key] = (self.speculating, self.backoff, self.gain)
+        ended = self._ended.get(key)
+        self.reset()
+        self._key = key
+        if ended is not None and not ended[0]:
+            self.speculating, self._probing = False, False
+            self.backoff = ended[1]
+            self.wait = ended[1]
+            self.gain = ended[2]
 
     def reset(self) -> None:
         """Start a new sequence: speculate on the first step (it is the first probe)."""
