@@ -21,6 +21,7 @@ import torch
 from bastion.core.batching import BatchPrefill, DraftBatch, TargetBatch
 from bastion.core.pipeline import Pipeline, _checked_size, _validate_built
 from bastion.core.running import running_mean
+from bastion.core.sync import device_sync
 from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
 from bastion.core.target import Target
 from bastion.core.tree import Tree
@@ -102,7 +103,7 @@ def decode_plain_batch(
     if opened is None:
         return None
     tb, pre, rows = opened
-    _sync(target)
+    device_sync(target.device)
     prefill_s = time.perf_counter() - t_start
     _start(rows, _first_tokens(pre, sampling, rows), eos, max_new_tokens)
     keep_root = torch.zeros(1, dtype=torch.long)  # [1]: every row commits its one node
@@ -139,7 +140,7 @@ def decode_plain_batch(
                 )
             )
         active = _retire(active, (tb,), t_start)
-    _sync(target)
+    device_sync(target.device)
     return _results(rows, max_new_tokens, prefill_s)
 
 
@@ -201,11 +202,6 @@ def _results(rows: list[_Row], max_new_tokens: int, prefill_s: float) -> list[Ge
     ]
 
 
-def _sync(target: Target) -> None:
-    if target.device.type == "cuda":
-        torch.cuda.synchronize(target.device)
-
-
 def _first_tokens(pre: BatchPrefill, sampling: SamplingConfig, rows: list[_Row]) -> list[int]:
     if sampling.greedy:
         return pre.last_logits.argmax(dim=-1).tolist()  # [B]
@@ -263,7 +259,7 @@ def _step(
         trees = [t.truncate(min(width, len(t))) for t in trees]
     else:
         t1 = t2 = t0
-        trees = [_root_only(pipe, row.root) for row in rows]
+        trees = [pipe._root_tree(row.root) for row in rows]
     t3 = time.perf_counter()
     out = tb.forward_trees(trees, layers)
     pipe._sync()
@@ -320,16 +316,11 @@ def _step(
         )
 
 
-def _root_only(pipe: Pipeline, root: int) -> Tree:
-    """The one-node tree of a plain step."""
-    return Tree(torch.tensor([root], device=pipe.target.device), *pipe._root_only)
-
-
 def _row_tree(pipe: Pipeline, proposal: Any, root: int, max_depth: int) -> Tree:
     """Row's best tree under its drafting limit (a root-only tree when it may not draft at all). The
     proposal is marginals or a candidate tree, checked and cut like a single sequence's."""
     if max_depth < 1:
-        return _root_only(pipe, root)
+        return pipe._root_tree(root)
     proposal = pipe._fit_proposal(proposal, root, max_depth)
     tree = pipe.tree_builder.build(proposal, root_token=root, max_nodes=pipe.max_nodes)
     if pipe.validate_trees:

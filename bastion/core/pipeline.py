@@ -524,9 +524,8 @@ class Pipeline:
         decision: BudgetDecision | None = None
         drafting = drafting and max_depth >= 1  # one token left to emit or no position to draft into: plain
         if not drafting:
-            tree = Tree(
-                torch.tensor([root], device=self.target.device), *self._root_only, host=HostTree((root,), (-1,), (0,), (0.0,))
-            )
+            tree = self._root_tree(root)
+            scores = tree.log_scores_cpu()
             n = 1
             t1 = t2 = t3 = time.perf_counter()
         else:
@@ -553,6 +552,7 @@ class Pipeline:
             decision = self.budget_controller.decide(scores, ctx, self.latency_model, overhead)
             n = _checked_size(self.budget_controller, decision, len(tree))
             tree = tree.truncate(n)
+            scores = scores[:n]
             t3 = time.perf_counter()
         out = self.target.forward_tree(tree, layers)
         t4 = time.perf_counter()  # on an asynchronous device the verifier's host read below waits for the forward
@@ -578,7 +578,7 @@ class Pipeline:
         self.budget_controller.observe(
             StepFeedback(
                 drafted=drafting,
-                log_scores=tree.log_scores_cpu(),
+                log_scores=scores,
                 accepted_nodes=nodes,
                 context_len=ctx,
                 verify_s=t5 - t3,
@@ -613,6 +613,10 @@ class Pipeline:
         if not sampling.greedy and not self.verifier.supports_sampling:
             raise InvalidInputError(f"verifier {type(self.verifier).__name__} supports greedy decoding only")
         return sampling
+
+    def _root_tree(self, root: int) -> Tree:
+        """The one-node tree of a plain step (its host copy attached: no device read)."""
+        return Tree(torch.tensor([root], device=self.target.device), *self._root_only, host=HostTree((root,), (-1,), (0,), (0.0,)))
 
     def _fit_proposal(self, proposal: Any, root: int, max_depth: int) -> Marginals | CandidateTree:
         """Check the proposal's kind against the tree builder and cut it to ``max_depth`` (never draft past

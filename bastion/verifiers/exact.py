@@ -63,15 +63,7 @@ class ExactVerifier(Verifier):
             )
         choices = sample_tokens(logits, sampling, generator)  # [n], one target choice per node
         # one device -> host transfer per step: the walk itself is a handful of integer compares
-        choice_list = to_host(choices, "verify")  # the step's one read of the target's choices
-        host = tree.on_host()  # attached by the builder: no device read
-        tokens = list(host.tokens)
-        path = walk_tree(tokens, list(host.parents), choice_list)
-        return Verdict(
-            accepted_nodes=torch.tensor(path, dtype=torch.long),
-            accepted_tokens=tuple(tokens[i] for i in path[1:]),
-            bonus_token=choice_list[path[-1]],
-        )
+        return _verdict(tree, to_host(choices, "verify"))  # the step's one read of the target's choices
 
     def verify_batch(
         self,
@@ -88,16 +80,18 @@ class ExactVerifier(Verifier):
             raise InvalidInputError(
                 f"logits must be [B, W, V] with B = {len(trees)} rows and W >= the largest tree, got {tuple(logits.shape)}"
             )
-        choices = logits.argmax(dim=-1).tolist()  # [B][W], the one host transfer of the step
-        out = []
-        for tree, row in zip(trees, choices):
-            tokens = tree.tokens.tolist()
-            path = walk_tree(tokens, tree.parents.tolist(), row)
-            out.append(
-                Verdict(
-                    accepted_nodes=torch.tensor(path, dtype=torch.long),
-                    accepted_tokens=tuple(tokens[i] for i in path[1:]),
-                    bonus_token=row[path[-1]],
-                )
-            )
-        return out
+        choices = to_host(logits.argmax(dim=-1), "verify")  # [B][W], the one host transfer of the step
+        return [_verdict(tree, row) for tree, row in zip(trees, choices)]
+
+
+def _verdict(tree: Tree, choices: list[int]) -> Verdict:
+    """The accepted path and bonus token when node ``i``'s target choice is ``choices[i]`` (the tree's
+    host copy gives tokens and parents: no device read)."""
+    host = tree.on_host()
+    tokens = list(host.tokens)
+    path = walk_tree(tokens, list(host.parents), choices)
+    return Verdict(
+        accepted_nodes=torch.tensor(path, dtype=torch.long),
+        accepted_tokens=tuple(tokens[i] for i in path[1:]),
+        bonus_token=choices[path[-1]],
+    )
