@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from bastion.training.distill import DistillSequence
-from bastion.training.loop import lr_at, resume, save_checkpoint, seed_everything
+from bastion.training.loop import clipped_step, lr_at, resume, save_checkpoint, seed_everything, set_lr
 
 __all__ = ["ARDrafterConfig", "build_ar_drafter", "train_ar_drafter", "evaluate_ar_drafter"]
 
@@ -146,14 +146,12 @@ def train_ar_drafter(
     bar = tqdm(total=cfg.steps, initial=step, desc="ar-drafter", mininterval=5.0)
     t0, ema = time.perf_counter(), None
     while step < cfg.steps:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, peak=cfg.lr, warmup=cfg.warmup, total=cfg.steps)
+        set_lr(opt, lr_at(step, peak=cfg.lr, warmup=cfg.warmup, total=cfg.steps))
         ids, attn, mask = _batch(rng.sample(list(train), min(cfg.seqs_per_step, len(train))), cfg.max_len)
         loss = _distill_loss(drafter, ids, attn, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
+        clipped_step(opt, drafter.parameters())
         step += 1
         value = float(loss.detach())
         ema = value if ema is None else 0.95 * ema + 0.05 * value

@@ -42,7 +42,7 @@ from bastion.core.errors import InvalidInputError
 from bastion.distributed import DistContext, barrier
 from bastion.training.distill import DistillSequence
 from bastion.training.features import FeatureSource, OnlineFeatures, target_features
-from bastion.training.loop import load_checkpoint, lr_at, resume, save_checkpoint, seed_everything
+from bastion.training.loop import clipped_step, load_checkpoint, lr_at, resume, save_checkpoint, seed_everything, set_lr
 
 __all__ = [
     "DrafterTrainConfig",
@@ -240,8 +240,7 @@ def train_drafter(
     while step < cfg.steps:
         rng = random.Random(f"{cfg.seed}:{step}")
         batch = [train_ids[rng.randrange(len(train_ids))] for _ in range(cfg.seqs_per_step)]
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, peak=cfg.lr, warmup=cfg.warmup, total=cfg.steps)
+        set_lr(opt, lr_at(step, peak=cfg.lr, warmup=cfg.warmup, total=cfg.steps))
         opt.zero_grad(set_to_none=True)
         local = 0.0
         for n, j in enumerate(slots):
@@ -255,8 +254,7 @@ def train_drafter(
                 (loss * scale).backward()
             local += float(loss.detach()) / cfg.seqs_per_step
             tokens += len(seq.ids)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        clipped_step(opt, model.parameters())
         step += 1
         total = _global_sum(local, ctx, device)
         loss_ema = total if loss_ema is None else 0.97 * loss_ema + 0.03 * total

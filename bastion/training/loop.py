@@ -33,6 +33,18 @@ def lr_at(step: int, *, peak: float, warmup: int, total: int, floor: float = 0.1
     return peak * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    """Set every parameter group's learning rate (the schedule's value for this step)."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def clipped_step(opt: torch.optim.Optimizer, params: Any, max_norm: float = 1.0) -> None:
+    """Clip the gradients of ``params`` to ``max_norm`` (global L2 norm), then take the optimizer step."""
+    torch.nn.utils.clip_grad_norm_(params, max_norm)
+    opt.step()
+
+
 def save_checkpoint(path: Path, **state: Any) -> None:
     """Atomically write a training checkpoint (``torch.save`` of ``state``)."""
     with atomic_path(path) as tmp:

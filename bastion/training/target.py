@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from bastion.core.checks import positive_number
 from bastion.core.sampling import seeded_generator
-from bastion.training.loop import lr_at, resume, save_checkpoint, seed_everything
+from bastion.training.loop import clipped_step, lr_at, resume, save_checkpoint, seed_everything, set_lr
 from bastion.training.tokens import eval_windows, sample_windows
 
 __all__ = ["TargetConfig", "build_target", "train_target", "heldout_loss"]
@@ -107,13 +107,11 @@ def train_target(cfg: TargetConfig, tokenizer, train_ids, heldout_ids, out_dir: 
     while step < cfg.steps:
         gen = seeded_generator(cfg.seed * 1_000_003 + step)
         x = sample_windows(train_ids, cfg.batch_size, cfg.seq_len, gen)  # [b, T]
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, peak=cfg.lr, warmup=cfg.warmup, total=cfg.steps)
+        set_lr(opt, lr_at(step, peak=cfg.lr, warmup=cfg.warmup, total=cfg.steps))
         loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        clipped_step(opt, model.parameters())
         step += 1
         lv = float(loss.detach())
         loss_ema = lv if loss_ema is None else 0.98 * loss_ema + 0.02 * lv
