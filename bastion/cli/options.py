@@ -9,7 +9,7 @@ parsed namespace into a :class:`~bastion.Pipeline` (the embedded demo pair witho
     --budget-controller NAME  --controller-option [NAME.]KEY=VALUE  --budget N (= fixed, budget=N)
     --latency-model NAME  --latency-option KEY=VALUE
     --verifier NAME  --verifier-option KEY=VALUE
-    --max-nodes N  --device DEV  --dtype auto|float32|bfloat16|float16  --verbose
+    --max-nodes N  --device DEV  --dtype auto|float32|bfloat16|float16  --compile  --verbose
 
 Option values are JSON (``k=3``, ``branching=[4,2,1]``, ``name=x`` as a plain string). An option
 without ``NAME.`` belongs to the component chosen by the matching flag; ``NAME.KEY=VALUE`` names the
@@ -78,7 +78,7 @@ def _plain_option(text: str) -> tuple[None, str, Any]:
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, device_default: str = "cpu") -> None:
-    """--target, --drafter, --drafter-option, --device, --dtype, --device-map."""
+    """--target, --drafter, --drafter-option, --device, --dtype, --device-map, --compile."""
     g = p.add_argument_group("models")
     g.add_argument("--target", help="target model: local directory or hub id (default: the demo pair)")
     g.add_argument("--drafter", help="drafter: registered name, checkpoint dir or hub id; without --target, dflash "
@@ -93,6 +93,12 @@ def add_model_arguments(p: argparse.ArgumentParser, *, device_default: str = "cp
         default=None,
         help="place the target with Hugging Face / accelerate (e.g. auto, balanced, cpu) instead of --device; "
         "'auto' across several devices needs the accelerate package",
+    )
+    g.add_argument(
+        "--compile",
+        action="store_true",
+        help="compiled verify path: torch.compile per tree-size bucket (CUDA graphs on CUDA); off by default "
+        "until measured on your hardware (see the device check)",
     )
 
 
@@ -180,6 +186,8 @@ def pipeline_kwargs(args: argparse.Namespace, *, components: bool = True) -> dic
     models: dict[str, Any] = dict(device=args.device, dtype=torch_dtype(args.dtype))
     if getattr(args, "device_map", None):
         models["device_map"] = args.device_map
+    if getattr(args, "compile", False):
+        models["compile"] = True
     if not components:
         return {**models, "component_options": {"drafter": drafter_opts} if drafter_opts else None}
     choices = component_choices(args)

@@ -109,19 +109,26 @@ class BastionController(BudgetController):
         self.max_budget = None if max_budget is None else check_int("max_budget", max_budget)
         if self.max_budget is not None and self.max_budget < self.min_budget:
             raise InvalidInputError(f"max_budget ({max_budget}) is below min_budget ({min_budget})")
-        if buckets is not None:
-            sizes = sorted({check_int("bucket size", b) for b in buckets})
-            if not sizes:
-                raise InvalidInputError("buckets must hold at least one size (or be None)")
-            self.buckets: tuple[int, ...] | None = tuple(sizes)
-        else:
-            self.buckets = None
+        self.buckets: tuple[int, ...] | None = None
+        self._candidates: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+        self.use_buckets(buckets)
         self.extra_overhead_s = _check_overhead(extra_overhead_s)
         self.calibrator: AcceptanceCalibrator | None = _component("calibration", calibration, AcceptanceCalibrator)
         self.gate: SpeculationGate | None = _component("gate", gate, SpeculationGate)
-        self._candidates: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
         self._key: SamplingKey = sampling_key(SamplingConfig())
         self.plain_overhead_s = 0.0  # running mean of a plain step's non-verify seconds (0 until one is seen)
+
+    def use_buckets(self, buckets: Iterable[int] | None) -> None:
+        """Restrict n to ``buckets`` from now on (None: every size), e.g. the sizes the compiled verify
+        path captured."""
+        if buckets is None:
+            self.buckets = None
+        else:
+            sizes = sorted({check_int("bucket size", b) for b in buckets})
+            if not sizes:
+                raise InvalidInputError("buckets must hold at least one size (or be None)")
+            self.buckets = tuple(sizes)
+        self._candidates.clear()
 
     # ------------------------------------------------------------------ per sequence
     def begin(self, sampling: SamplingConfig) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping, Union
 import torch
 
 from bastion.core.checks import check_device
+from bastion.core.compiled_verify import CompileOptions, StaticVerify, compile_options
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.files import check_weights_folder
 from bastion.core.kv_slab import slab_cache
@@ -118,7 +119,7 @@ class HFTarget(Target):
     reports the final-norm output, and so does this adapter).
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, compile: CompileOptions | bool | dict[str, Any] | None = None) -> None:
         try:
             import transformers  # noqa: F401
         except ImportError as exc:  # pragma: no cover - transformers is a hard dependency
@@ -144,6 +145,8 @@ class HFTarget(Target):
         self._pending = 0  # uncommitted tree nodes at the cache tail
         self._mask_buf: torch.Tensor | None = None  # [1, 1, rows, cols] persistent tree mask (see _tree_mask)
         self._mask_block: tuple[int, int, int] | None = None  # (rows, first col, end col) written last
+        self._static: StaticVerify | None = None  # the opt-in compiled verify path (see compile_verify)
+        self.compile_verify(compile)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -154,12 +157,14 @@ class HFTarget(Target):
         dtype: torch.dtype = torch.float32,
         attn_implementation: str = "sdpa",
         device_map: DeviceMap | None = None,
+        compile: CompileOptions | bool | dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> "HFTarget":
         """Load a causal LM from a local directory or a hub id (no remote code). ``device_map`` places it
         through Hugging Face / accelerate instead of ``device`` (``"auto"``, ``"balanced"``,
         ``"sequential"`` or a module-to-device dict): a map naming one device needs nothing more, a map
-        over several devices needs the ``accelerate`` package."""
+        over several devices needs the ``accelerate`` package. ``compile`` switches on the compiled
+        verify path (see :meth:`compile_verify`; off by default)."""
         _check_attention(attn_implementation)
         device = check_device(device)
         from transformers import AutoModelForCausalLM
@@ -178,7 +183,28 @@ class HFTarget(Target):
             )
         except (OSError, ValueError, KeyError) as exc:  # missing files, unknown model types, bad hub ids
             raise InvalidInputError(f"cannot load the target model {str(path_or_id)!r}: {exc}") from exc
-        return cls(model if single is None else model.to(single))
+        return cls(model if single is None else model.to(single), compile=compile)
+
+    def compile_verify(self, options: CompileOptions | bool | dict[str, Any] | None = True) -> CompileOptions | None:
+        """Switch the compiled verify path on (``True``, a mapping of :class:`CompileOptions` fields, or
+        options) or off (``False`` / ``None``); returns the options in force. Verify forwards then run on
+        a fixed-capacity cache with trees padded to bucket sizes, through ``torch.compile`` (and CUDA
+        graphs per bucket on CUDA). Off by default: measure it first (``benchmarks/device_check.py``).
+        Takes effect from the next prefill."""
+        opts = compile_options(options)
+        if opts is None:
+            self._static = None
+        else:
+            if single_device_of(self.model) is None:
+                raise IncompatibleComponentsError("the compiled verify path needs the whole target on one device")
+            self._static = StaticVerify(self.model, opts, self._max_positions)
+        self.reset()
+        return opts
+
+    @property
+    def compiled(self) -> CompileOptions | None:
+        """The compiled verify path's options, or None when verify runs eagerly (the default)."""
+        return None if self._static is None else self._static.options
 
     # ------------------------------------------------------------------ properties
     @property
@@ -246,7 +272,11 @@ class HFTarget(Target):
         if length > self._max_positions:
             raise InvalidInputError(f"prompt has {length} tokens; the target accepts at most {self._max_positions} positions")
         self.reset()
-        cache = slab_cache(self.model.config)  # preallocated: a step copies only its own new entries
+        if self._static is None:
+            cache = slab_cache(self.model.config)  # preallocated: a step copies only its own new entries
+        else:  # fixed-capacity slots written from slot 0
+            cache = self._static.new_cache(self.device, self.dtype, length)
+            self._static.set_start(0)
         ids = input_ids.to(self.device, torch.long)
         # decoding needs only the last position's logits: [L, V] for a long prompt on a large vocabulary
         # would be gigabytes (9.7 GB at 32k tokens on 152k), so the head runs on the last position only
@@ -269,6 +299,11 @@ class HFTarget(Target):
         dev = self.device
         tokens = tree.tokens.to(dev)  # [n]
         positions = tree.position_ids(ctx).to(dev)[None]  # [1, n]
+        if self._static is not None:
+            self._check_layers(feature_layers)
+            logits, features, _slots = self._static.forward(tokens, positions[0], tree.ancestor_mask().to(dev), ctx, tuple(feature_layers))
+            self._pending = n
+            return TargetOutput(logits=logits, features=features)
         # a lone root (a plain step) sees the whole context: the model's own causal mask says exactly that
         mask = None if n == 1 else self._tree_mask(tree.ancestor_mask().to(dev), ctx)  # [1, 1, n, ctx + n]
         logits, features = self._forward(tokens[None], mask, positions, self._cache, feature_layers)
@@ -355,6 +390,14 @@ class HFTarget(Target):
         logits, features = self.forward_rows(ids, mask, positions, cache, feature_layers, logits_to_keep)
         return logits[0], None if features is None else features[0]  # [n, V], [n, F]
 
+    def _check_layers(self, feature_layers: tuple[int, ...]) -> tuple[int, ...]:
+        layers = tuple(int(i) for i in feature_layers)
+        n_layers = len(self._layers)
+        bad = [i for i in layers if not 0 <= i < n_layers]
+        if bad:
+            raise IncompatibleComponentsError(f"feature layer ids {bad} out of range: the target has {n_layers} layers")
+        return layers
+
     def forward_rows(
         self,
         ids: torch.Tensor,  # [B, n]
@@ -366,12 +409,8 @@ class HFTarget(Target):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One model forward over a batch of rows -> logits [B, n', V] (``n'`` = n, or the kept
         positions) and features [B, n, F] (or None). Used by the batched state."""
-        layers = tuple(int(i) for i in feature_layers)
-        n_layers = len(self._layers)
-        bad = [i for i in layers if not 0 <= i < n_layers]
-        if bad:
-            raise IncompatibleComponentsError(f"feature layer ids {bad} out of range: the target has {n_layers} layers")
-        last = n_layers - 1
+        layers = self._check_layers(feature_layers)
+        last = len(self._layers) - 1
         # the last layer's HF hidden state is the final-norm output: ask HF for hidden states only then
         want_all = last in layers
         tap = _LayerTap(self._layers, layers) if layers and not want_all else None
@@ -396,6 +435,12 @@ class HFTarget(Target):
         else:
             feats = [tap.outputs[i] for i in layers]
         return logits, torch.cat(feats, dim=-1)  # [B, n, F]
+
+
+def single_device_of(model: torch.nn.Module) -> torch.device | None:
+    """The one device all of ``model``'s parameters live on, or None when they are spread."""
+    devices = {p.device for p in model.parameters()}
+    return next(iter(devices)) if len(devices) == 1 else None
 
 
 def _round_up(x: int, multiple: int) -> int:

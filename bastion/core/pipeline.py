@@ -164,6 +164,7 @@ class Pipeline:
         device_map: Any = None,
         component_options: Mapping[str, Mapping[str, Any]] | None = None,
         registry: Registry | None = None,
+        compile: Any = None,
     ) -> "Pipeline":
         """Load a target and a drafter, then assemble the pipeline.
 
@@ -176,7 +177,11 @@ class Pipeline:
 
         ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"``, a device, or a module-to-device
         dict) places the target through Hugging Face / accelerate instead of ``device``; the drafter then
-        runs where the target's feature layers end up. Maps over several devices need ``accelerate``."""
+        runs where the target's feature layers end up. Maps over several devices need ``accelerate``.
+
+        ``compile`` (off by default): ``True``, a mapping of
+        :class:`~bastion.core.compiled_verify.CompileOptions` fields or options switch on the compiled
+        verify path (see :meth:`compile_verify`)."""
         from bastion.core.hf_target import HFTarget
 
         reg = registry or default_registry
@@ -195,7 +200,7 @@ class Pipeline:
                 tokenizer = _model_tokenizer(model, target)
             target = as_target(target)
         drafter = resolve_drafter(drafter, target, reg, opts.pop("drafter", {}))
-        return cls(
+        pipe = cls(
             target,
             drafter,
             tree_builder=tree_builder,
@@ -208,6 +213,34 @@ class Pipeline:
             component_options=opts,
             registry=reg,
         )
+        if compile:
+            pipe.compile_verify(compile)
+        return pipe
+
+    def compile_verify(self, options: Any = True) -> Any:
+        """Switch the target's compiled verify path on (``True``, a mapping of
+        :class:`~bastion.core.compiled_verify.CompileOptions` fields, or options) or off (``False``).
+
+        The compiled graphs (CUDA graphs on CUDA) are per tree-size bucket, and the budget controller
+        chooses among the same sizes: a controller with its own ``buckets`` lends them to the compiled
+        path; one without (``buckets=None``) is given the compiled path's buckets. Returns the options in
+        force (None: off). Off by default until measured on the hardware at hand."""
+        from bastion.core.compiled_verify import compile_options
+
+        switch = getattr(self.target, "compile_verify", None)
+        if switch is None:
+            raise IncompatibleComponentsError(
+                f"the target {type(self.target).__name__} has no compiled verify path (HFTarget has one)"
+            )
+        opts = compile_options(options)
+        if opts is None:
+            return switch(None)
+        own = getattr(self.budget_controller, "buckets", None)
+        if own:
+            opts = attrs.evolve(opts, buckets=tuple(own))
+        elif hasattr(self.budget_controller, "use_buckets"):
+            self.budget_controller.use_buckets(opts.buckets)
+        return switch(opts)
 
     @classmethod
     def demo(cls, drafter: str = "dflash", **kwargs: Any) -> "Pipeline":
