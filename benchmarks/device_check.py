@@ -13,7 +13,10 @@ Checks, per model shape and dtype (fp32 and bf16):
   call; their count over a generation divided by its steps;
 * **verify latency curve**: ``Target.forward_tree`` times for n = 1 .. 512 at two context lengths, and
   the median / max relative error of the online-fitted ``roofline`` latency model on them;
-* **stage split**: the share of draft / tree / controller / verify / accept / commit in a step.
+* **stage split**: the share of draft / tree / controller / verify / accept / commit in a step;
+* **compiled verify path** (opt-in in the library, off by default until measured): eager against
+  compiled verify latency at ``--compile-sizes`` (one graph per size; CUDA graphs on CUDA) and the two
+  contexts, the compile time per size, and lossless greedy decoding through the compiled path.
 
 Results go to ``--out`` as ``device_check.json`` and ``device_check.md``; the exit status is non-zero
 when a real mismatch is found.
@@ -22,6 +25,7 @@ Usage::
 
     python benchmarks/device_check.py                     # on a GPU: both shapes, fp32 and bf16
     python benchmarks/device_check.py --shapes 1.7b --dtypes bf16
+    python benchmarks/device_check.py --quick             # on a GPU: fewer prompts, sizes and tokens
     python benchmarks/device_check.py --tiny --device cpu # seconds, on any machine (CI runs it)
 """
 
@@ -154,6 +158,58 @@ def stage_split(pipe: Any, prompt: torch.Tensor, new_tokens: int) -> dict[str, f
     return out
 
 
+def _warm_compiled(target: Any, sizes: list[int], context: int) -> dict[int, float]:
+    """Compile (and on CUDA capture) every size's graph: three forwards each, the first one's seconds
+    (compile included) per size."""
+    from bastion.controllers.latency.calibrate import probe_tree
+    from bastion.core.sync import device_sync
+
+    gen = torch.Generator().manual_seed(1)
+    target.prefill(torch.randint(3, target.vocab_size, (1, context), generator=gen))
+    first: dict[int, float] = {}
+    for n in sizes:
+        tree = probe_tree(n, target.vocab_size, gen)
+        for r in range(3):  # compile; CUDA graph warm-up; capture
+            device_sync(target.device)
+            t0 = time.perf_counter()
+            target.forward_tree(tree)
+            device_sync(target.device)
+            if r == 0:
+                first[n] = time.perf_counter() - t0
+            target.commit(torch.zeros(1, dtype=torch.long))
+    target.reset()
+    return first
+
+
+def compiled_check(pipe: Any, model: Any, prompts: list[torch.Tensor], args: argparse.Namespace) -> dict[str, Any]:
+    """Eager vs compiled verify latency at ``args.compile_sizes`` x ``args.contexts``, compile seconds per
+    size, and lossless greedy decoding through the compiled path (whose buckets the controller uses)."""
+    from bastion.controllers.latency.calibrate import measure_verify_curve
+    from bastion.core.compiled_verify import CompileOptions
+
+    sizes = sorted(set(args.compile_sizes))
+    target = pipe.target
+    eager = measure_verify_curve(target, sizes, args.contexts, repeats=args.repeats, warmup=2)
+    opts = CompileOptions(buckets=tuple(sizes), backend=args.compile_backend)
+    try:
+        pipe.compile_verify(opts)
+        t0 = time.perf_counter()
+        first = _warm_compiled(target, sizes, min(args.contexts))
+        compile_s = time.perf_counter() - t0
+        compiled = measure_verify_curve(target, sizes, args.contexts, repeats=args.repeats, warmup=2)
+        lossless = check_lossless(pipe, model, prompts, args.new_tokens, args.tie_tol)
+    except Exception as exc:  # a compiler failure is reported, not fatal: the other checks still count
+        return {"error": f"{type(exc).__name__}: {exc}"[:2000], "backend": args.compile_backend}
+    finally:
+        pipe.compile_verify(False)
+    points = []
+    for (n, c, te), (_, _, tc) in zip(eager, compiled):
+        e, k = statistics.median(te), statistics.median(tc)
+        points.append({"n": n, "context": c, "eager_s": e, "compiled_s": k, "speedup": e / k})
+    return {"backend": args.compile_backend, "mode": opts.compile_mode(target.device), "compile_s": compile_s,
+            "first_call_s": {str(n): s for n, s in first.items()}, "points": points, "lossless": lossless}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"device": args.device, "torch": torch.__version__, "runs": []}
     if args.device.startswith("cuda"):
@@ -170,6 +226,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             entry["syncs"] = count_syncs(pipe, prompts[0], args.new_tokens)
             entry["stages"] = stage_split(pipe, prompts[-1], args.new_tokens)
             entry["latency"] = latency_curve(pipe, args.sizes, args.contexts, args.repeats)
+            if args.compile_sizes:
+                entry["compiled"] = compiled_check(pipe, model, prompts, args)
             entry["seconds"] = time.perf_counter() - t0
             report["runs"].append(entry)
             print(summary_line(entry), flush=True)
@@ -188,7 +246,19 @@ def summary_line(e: dict[str, Any]) -> str:
         f"latency model median error {100 * e['latency']['median_rel_error']:.1f}% "
         f"(max {100 * e['latency']['max_rel_error']:.0f}%); step {st['ms_per_step']:.1f} ms, "
         + ", ".join(f"{k} {100 * st[k]:.0f}%" for k in STAGES)
+        + compiled_summary(e.get("compiled"))
     )
+
+
+def compiled_summary(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return ""
+    if "error" in c:
+        return f"; compiled verify FAILED: {c['error'][:300]}"
+    lo = c["lossless"]
+    speed = ", ".join(f"n={p['n']}@{p['context']} {p['speedup']:.2f}x" for p in c["points"])
+    return (f"; compiled verify ({c['backend']}, {c['mode'] or 'default'}, compile {c['compile_s']:.0f} s): "
+            f"equal {lo['equal']}/{lo['prompts']}, near-ties {lo['near_tie']}, real {lo['real']}; eager/compiled {speed}")
 
 
 def write_markdown(report: dict[str, Any], path: Path) -> None:
@@ -202,6 +272,23 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
             f"{'n/a' if syncs is None else f'{syncs:.1f}'} | {100 * e['latency']['median_rel_error']:.1f}% | "
             f"{st['ms_per_step']:.2f} | " + " | ".join(f"{100 * st[k]:.0f}%" for k in STAGES) + " |"
         )
+    compiled = [e for e in report["runs"] if e.get("compiled")]
+    if compiled:
+        lines += ["", "## compiled verify path (eager / compiled verify seconds; > 1 means compiled is faster)", "",
+                  "| shape | dtype | n | context | eager ms | compiled ms | speedup | lossless (equal / near-tie / real) | compile s |",
+                  "|" + "---|" * 9]
+        for e in compiled:
+            c = e["compiled"]
+            if "error" in c:
+                lines.append(f"| {e['shape']} | {e['dtype']} | failed: {c['error'][:200]} | | | | | | |")
+                continue
+            lo = c["lossless"]
+            for p in c["points"]:
+                lines.append(
+                    f"| {e['shape']} | {e['dtype']} | {p['n']} | {p['context']} | {1e3 * p['eager_s']:.2f} | "
+                    f"{1e3 * p['compiled_s']:.2f} | {p['speedup']:.2f}x | {lo['equal']} / {lo['near_tie']} / {lo['real']} | "
+                    f"{c['compile_s']:.0f} |"
+                )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -217,13 +304,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 2048])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tie-tol", type=float, default=2e-2, help="near-tie: logit gap <= tie_tol x max |logit|")
+    ap.add_argument("--compile-sizes", type=int, nargs="*", default=None,
+                    help="tree sizes the compiled verify path is measured at, one graph each (default 1 16 64; "
+                    "none: skip the compiled check)")
+    ap.add_argument("--compile-backend", default=None,
+                    help="torch.compile backend (default inductor; eager, i.e. graph capture only, with --tiny on a CPU)")
+    ap.add_argument("--quick", action="store_true", help="fewer prompts, sizes, tokens and compiled sizes")
     ap.add_argument("--out", type=Path, default=Path("device-check"))
     args = ap.parse_args(argv)
+    if args.compile_sizes is None:
+        args.compile_sizes = [1, 16, 64]
+    if args.quick:
+        args.prompt_lens, args.new_tokens, args.repeats = [16, 900], 32, 2
+        args.sizes, args.compile_sizes = [1, 4, 16, 64, 256], [1, 16] if args.compile_sizes == [1, 16, 64] else args.compile_sizes
     if args.tiny:
         args.shapes, args.prompt_lens, args.new_tokens = ["tiny"], [5, 40], 24
         args.sizes, args.contexts, args.repeats = [1, 4, 16, 64], [32, 256], 2
+        if args.compile_sizes == [1, 16, 64]:
+            args.compile_sizes = [1, 16]
         if args.dtypes == ["fp32", "bf16"] and not args.device.startswith("cuda"):
             args.dtypes = ["fp32"]
+    if args.compile_backend is None:
+        args.compile_backend = "eager" if args.tiny and not args.device.startswith("cuda") else "inductor"
     return args
 
 
@@ -237,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "device_check.json").write_text(json.dumps(report, indent=2) + "\n")
     write_markdown(report, args.out / "device_check.md")
     real = sum(e["lossless"]["real"] for e in report["runs"])
+    real += sum(e["compiled"]["lossless"]["real"] for e in report["runs"] if e.get("compiled") and "lossless" in e["compiled"])
     print(f"wrote {args.out / 'device_check.json'} and device_check.md; real mismatches: {real}")
     return 1 if real else 0
 

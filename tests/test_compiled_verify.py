@@ -106,6 +106,7 @@ def test_compile_option_is_off_by_default_and_the_pipeline_aligns_controller_and
     opts = pipe.compile_verify(dict(buckets=(1, 3, 9), **FAST))
     assert opts is not None and opts.buckets == (1, 3, 9)
     assert pipe.budget_controller.buckets == (1, 3, 9)  # the controller now chooses the compiled sizes
+    assert pipe.compile_verify(False) is None and pipe.budget_controller.buckets is None  # given back
     # a controller with its own buckets lends them to the compiled path
     ctrl = bastion.registry.create("budget_controller", "bastion", buckets=[2, 6])
     pipe = bastion.Pipeline(HFTarget(model), NoisyOracleDrafter(model, block_size=4), budget_controller=ctrl, max_nodes=16)

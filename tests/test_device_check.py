@@ -18,7 +18,7 @@ def _load():  # type: ignore[no-untyped-def]
     return module
 
 
-def test_tiny_device_check_on_cpu_is_lossless_and_writes_its_report(tmp_path: Path) -> None:
+def test_tiny_device_check_on_cpu_is_lossless_eager_and_compiled_and_writes_its_report(tmp_path: Path) -> None:
     device_check = _load()
     status = device_check.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "device_check.json").read_text())
@@ -28,6 +28,13 @@ def test_tiny_device_check_on_cpu_is_lossless_and_writes_its_report(tmp_path: Pa
     assert abs(sum(run["stages"][k] for k in device_check.STAGES) - 1.0) < 1e-9
     assert {(p["n"]) for p in run["latency"]["points"]} == {1, 4, 16, 64}
     assert "| tiny | fp32 |" in (tmp_path / "device_check.md").read_text()
+    compiled = run["compiled"]  # the compiled verify path: measured at its sizes and lossless too
+    assert "error" not in compiled, compiled.get("error")
+    assert compiled["lossless"]["real"] == 0
+    assert compiled["lossless"]["equal"] + compiled["lossless"]["near_tie"] == compiled["lossless"]["prompts"] == 2
+    assert {p["n"] for p in compiled["points"]} == {1, 16}
+    assert all(p["eager_s"] > 0 and p["compiled_s"] > 0 for p in compiled["points"])
+    assert "## compiled verify path" in (tmp_path / "device_check.md").read_text()
 
 
 def test_device_check_calls_a_first_token_difference_with_a_clear_logit_gap_a_real_mismatch() -> None:

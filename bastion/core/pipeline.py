@@ -143,6 +143,7 @@ class Pipeline:
             check_pairing(self.tree_builder, self.drafter.proposes, self.drafter)
         self._other_s = 0.0  # running non-draft, non-verify seconds of a speculative step (0: none yet)
         self._seconds_per_token = 0.0  # running seconds per committed token of a speculative step (0: none yet)
+        self._lent_buckets = False  # compile_verify gave the controller the compiled path's buckets
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -224,7 +225,8 @@ class Pipeline:
         The compiled graphs (CUDA graphs on CUDA) are per tree-size bucket, and the budget controller
         chooses among the same sizes: a controller with its own ``buckets`` lends them to the compiled
         path; one without (``buckets=None``) is given the compiled path's buckets. Returns the options in
-        force (None: off). Off by default until measured on the hardware at hand."""
+        force (None: off). Switching off gives a controller that was given buckets its own back (none).
+        Off by default until measured on the hardware at hand."""
         from bastion.core.compiled_verify import compile_options
 
         switch = getattr(self.target, "compile_verify", None)
@@ -233,6 +235,9 @@ class Pipeline:
                 f"the target {type(self.target).__name__} has no compiled verify path (HFTarget has one)"
             )
         opts = compile_options(options)
+        if self._lent_buckets:  # the controller got the compiled path's buckets: give it back its own (none)
+            self.budget_controller.use_buckets(None)  # type: ignore[attr-defined]
+            self._lent_buckets = False
         if opts is None:
             return switch(None)
         own = getattr(self.budget_controller, "buckets", None)
@@ -240,6 +245,7 @@ class Pipeline:
             opts = attrs.evolve(opts, buckets=tuple(own))
         elif hasattr(self.budget_controller, "use_buckets"):
             self.budget_controller.use_buckets(opts.buckets)
+            self._lent_buckets = True
         return switch(opts)
 
     @classmethod
