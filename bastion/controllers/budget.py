@@ -30,7 +30,7 @@ import torch
 
 from bastion.controllers.calibration import AcceptanceCalibrator, SamplingKey, sampling_key
 from bastion.controllers.gate import SpeculationGate
-from bastion.core.checks import check_int, check_number, predict_batch_checked, predict_checked
+from bastion.core.checks import check_int, check_number, options_object, predict_batch_checked, predict_checked
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import BudgetController, BudgetDecision, LatencyModel
 from bastion.core.running import running_mean
@@ -62,19 +62,6 @@ def _scores_to_numpy(log_scores: torch.Tensor) -> np.ndarray:
 
 def _check_overhead(overhead_s: float) -> float:
     return check_number("overhead_s", overhead_s)
-
-
-def _component(name: str, value: Any, cls: type) -> Any:
-    """``True`` -> ``cls()``, a mapping -> ``cls(**mapping)``, an instance as is, ``False``/``None`` -> None."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return cls()
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, Mapping):
-        return cls(**dict(value))
-    raise InvalidInputError(f"{name} must be a bool, a mapping of {cls.__name__} options or a {cls.__name__}, got {value!r}")
 
 
 class BastionController(BudgetController):
@@ -113,8 +100,8 @@ class BastionController(BudgetController):
         self._candidates: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
         self.use_buckets(buckets)
         self.extra_overhead_s = _check_overhead(extra_overhead_s)
-        self.calibrator: AcceptanceCalibrator | None = _component("calibration", calibration, AcceptanceCalibrator)
-        self.gate: SpeculationGate | None = _component("gate", gate, SpeculationGate)
+        self.calibrator: AcceptanceCalibrator | None = options_object("calibration", calibration, AcceptanceCalibrator)
+        self.gate: SpeculationGate | None = options_object("gate", gate, SpeculationGate)
         self._key: SamplingKey = sampling_key(SamplingConfig())
         self.plain_overhead_s = 0.0  # running mean of a plain step's non-verify seconds (0 until one is seen)
 

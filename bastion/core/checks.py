@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -22,6 +22,7 @@ from bastion.core.tree import Tree
 from bastion.core.types import Marginals, Verdict
 
 __all__ = [
+    "options_object",
     "check_int",
     "check_number",
     "positive_int",
@@ -245,3 +246,20 @@ def positive_number(_inst: object, attribute: Any, value: object) -> None:
 def finite_non_negative(_inst: object, attribute: Any, value: object) -> None:
     """attrs validator: a finite number >= 0."""
     check_number(_field(attribute), value)
+
+
+def options_object(name: str, value: Any, cls: type) -> Any:
+    """``True`` -> ``cls()``, a mapping -> ``cls(**mapping)``, an instance as is, ``False``/``None`` -> None
+    (unknown option names raise :class:`InvalidInputError`)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return cls(**dict(value))
+        except TypeError as exc:
+            raise InvalidInputError(f"{name}: unknown {cls.__name__} option ({exc})") from None
+    raise InvalidInputError(f"{name} must be a bool, a mapping of {cls.__name__} options or a {cls.__name__}, got {value!r}")

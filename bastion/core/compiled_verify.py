@@ -22,12 +22,13 @@ static forward eagerly. The path is off by default until it is measured on the h
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import attrs
 import torch
 from transformers.cache_utils import DynamicCache, StaticLayer
 
+from bastion.core.checks import options_object
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 
 __all__ = ["CompileOptions", "DEFAULT_BUCKETS", "SlotLayer", "StaticVerify", "compile_options"]
@@ -83,20 +84,9 @@ class CompileOptions:
         return next((b for b in self.buckets if b >= n), n)
 
 
-def compile_options(value: "CompileOptions | bool | dict[str, Any] | None") -> CompileOptions | None:
+def compile_options(value: "CompileOptions | bool | Mapping[str, Any] | None") -> CompileOptions | None:
     """``True`` -> default options, a mapping -> ``CompileOptions(**mapping)``, ``False``/``None`` -> off."""
-    if value is None or value is False:
-        return None
-    if value is True:
-        return CompileOptions()
-    if isinstance(value, CompileOptions):
-        return value
-    if isinstance(value, dict):
-        try:
-            return CompileOptions(**value)
-        except TypeError as exc:
-            raise InvalidInputError(f"unknown compile option: {exc}") from None
-    raise InvalidInputError(f"compile must be a bool, a mapping of CompileOptions fields or CompileOptions, got {value!r}")
+    return options_object("compile", value, CompileOptions)
 
 
 class SlotLayer(StaticLayer):
