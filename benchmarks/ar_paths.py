@@ -29,14 +29,16 @@ def hf_direct(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> tup
     """Greedy decoding calling the HF model with its cache, timed from prefill to the last token."""
     from transformers import DynamicCache
 
+    from bastion.core.hf_compat import cache_kwargs
+
     t0 = time.perf_counter()
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
-        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]  # [V]
+        logits = model(input_ids=ids, **cache_kwargs(model, cache), logits_to_keep=1).logits[0, -1]  # [V]
         out = [int(logits.argmax())]
         while len(out) < new_tokens:
             step = torch.tensor([[out[-1]]], device=ids.device)  # [1, 1]
-            out.append(int(model(input_ids=step, cache=cache, use_cache=True).logits[0, -1].argmax()))
+            out.append(int(model(input_ids=step, **cache_kwargs(model, cache)).logits[0, -1].argmax()))
     return out, time.perf_counter() - t0
 
 

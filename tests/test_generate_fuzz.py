@@ -77,7 +77,7 @@ def test_generate_decodes_losslessly_or_raises_a_bastion_error(prompt, max_new_t
         res = pipe.generate(prompt, max_new_tokens, temperature, seed, top_p=top_p, top_k=top_k, stop_on_eos=stop_on_eos)
     except BastionError:
         return  # documented failure: the only kind allowed
-    ids = prompt if isinstance(prompt, torch.Tensor) else torch.tensor([prompt], dtype=torch.long)
+    ids = torch.as_tensor(prompt, dtype=torch.long).reshape(1, -1)  # 1-D prompts are accepted too
     assert 0 < len(res.tokens) <= max_new_tokens
     assert all(0 <= t < VOCAB for t in res.tokens)
     if temperature == 0:

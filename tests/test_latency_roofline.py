@@ -31,6 +31,7 @@ def test_cost_counts_match_what_a_real_forward_does(arch):
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import DynamicCache
 
+    from bastion.core.hf_compat import cache_kwargs
     from bastion.testing.tiny import tiny_model
 
     model = tiny_model(arch, seed=0, attn_implementation="eager")
@@ -41,10 +42,13 @@ def test_cost_counts_match_what_a_real_forward_does(arch):
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
             if c:
-                model(ids[:, :c], cache=cache, use_cache=True)
+                model(ids[:, :c], **cache_kwargs(model, cache))
             with FlopCounterMode(display=False) as counter:
-                model(ids[:, c:], cache=cache, use_cache=True)
-        assert float(cost.flops(n, c)) == pytest.approx(counter.get_total_flops(), rel=1e-9), (n, c)
+                model(ids[:, c:], **cache_kwargs(model, cache))
+        # some transformers releases compute the rotary angles as a (tiny) matmul: not model work
+        counts = counter.get_flop_counts()
+        rotary = sum(sum(v.values()) for k, v in counts.items() if k.endswith("rotary_emb"))
+        assert float(cost.flops(n, c)) == pytest.approx(counter.get_total_flops() - rotary, rel=1e-9), (n, c)
         cache_bytes = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
         assert cost.bytes_coeffs[2] * (c + n) == pytest.approx(cache_bytes), "KV bytes per context token"
     embedding = model.get_input_embeddings().weight

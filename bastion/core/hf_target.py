@@ -20,6 +20,7 @@ from bastion.core.checks import check_device
 from bastion.core.compiled_verify import CompileOptions, StaticVerify, compile_options
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.files import check_weights_folder
+from bastion.core.hf_compat import cache_kwargs
 from bastion.core.kv_slab import slab_cache
 from bastion.core.target import Target
 from bastion.core.tree import Tree
@@ -419,8 +420,7 @@ class HFTarget(Target):
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=positions,
-                cache=cache,
-                use_cache=True,
+                **cache_kwargs(self.model, cache),
                 output_hidden_states=want_all,
                 logits_to_keep=logits_to_keep,
             )

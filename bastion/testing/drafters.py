@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.core.hf_compat import cache_kwargs
 from bastion.core.interfaces import Drafter
 from bastion.core.sampling import seeded_generator
 from bastion.core.types import DraftContext, DraftStep, Marginals
@@ -115,7 +116,7 @@ class NoisyOracleDrafter(Drafter):
     # ------------------------------------------------------------------ internals
     def _extend(self, tokens: list[int]) -> torch.Tensor:
         ids = torch.tensor([tokens], dtype=torch.long, device=self._device)  # [1, t]
-        out = self.model(input_ids=ids, cache=self._cache, use_cache=True)
+        out = self.model(input_ids=ids, **cache_kwargs(self.model, self._cache))
         return out.logits[0, -1]  # [V]
 
     def _check_features(self, features: torch.Tensor | None, rows: int) -> None:

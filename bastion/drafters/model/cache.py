@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from bastion.core.errors import InvalidInputError
+from bastion.core.hf_compat import cache_kwargs
 
 __all__ = ["DraftKV"]
 
@@ -43,7 +44,8 @@ class DraftKV:
             from transformers import DynamicCache
 
             self.cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         **cache_kwargs(self.model, self.cache))
         return out.logits[0]  # [n, V]
 
     def chain(self, ids: torch.Tensor, n_committed: int) -> torch.Tensor:
