@@ -30,6 +30,7 @@ from transformers.cache_utils import DynamicCache, StaticLayer
 
 from bastion.core.checks import options_object
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.core.hf_compat import cache_kwarg
 
 __all__ = ["CompileOptions", "DEFAULT_BUCKETS", "SlotLayer", "StaticVerify", "compile_options"]
 
@@ -229,7 +230,8 @@ class StaticVerify:
         run = self._runner(feature_layers) if b in self.options.buckets else _verify_forward
         if run is not _verify_forward and self.options.compile_mode(tokens.device) == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()  # the cache changed outside the graph since the last replay
-        logits, feats = run(self.model, buf.ids, buf.positions, buf.mask, self._cache, tuple(feature_layers))
+        logits, feats = run(self.model, buf.ids, buf.positions, buf.mask, self._cache, tuple(feature_layers),
+                            cache_kwarg(self.model))
         # a replayed CUDA graph overwrites its outputs at the next replay: keep copies of the real rows
         logits = logits[0, :n].clone()  # [n, V]
         feats = None if feats is None else feats[0, :n].clone()  # [n, F]
@@ -294,6 +296,7 @@ def _verify_forward(
     mask: torch.Tensor,  # [1, 1, b, capacity]
     cache: DynamicCache,
     feature_layers: tuple[int, ...],
+    cache_key: str,  # the model's cache keyword (a constant to the compiler)
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One target forward over a padded tree -> logits [1, b, V] and features [1, b, F] (or None):
     Hugging Face ``hidden_states[i + 1]`` per requested layer ``i``, like the eager path."""
@@ -301,9 +304,9 @@ def _verify_forward(
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions,
-        cache=cache,
         use_cache=True,
         output_hidden_states=bool(feature_layers),
+        **{cache_key: cache},
     )
     if not feature_layers:
         return out.logits, None
