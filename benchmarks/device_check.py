@@ -73,8 +73,22 @@ def build_pair(shape: str, dtype: torch.dtype, device: str, seed: int = 0):  # t
     model.eval()
     dcfg = DFlashConfig.for_target(cfg, num_layers=1, block_size=16)
     drafter = DFlashDrafter(DFlashDraftModel(dcfg), device=device, dtype=dtype)
-    pipe = bastion.Pipeline(target=HFTarget(model), drafter=drafter)
+    # a fixed tree every step: a random drafter is never accepted, so the default controller's gate would
+    # decode plainly, and the sync count and stage split are about speculative steps
+    fixed = bastion.registry.create("budget_controller", "fixed", budget=32)
+    pipe = bastion.Pipeline(target=HFTarget(model), drafter=drafter, budget_controller=fixed)
     return pipe, model
+
+
+def accepting_pipe(model: Any) -> Any:
+    """The same target with a drafter that is right most of the time (noisy copies of the target's own
+    greedy rollout): lossless checks then cover multi-token acceptance and commits, not only rejections."""
+    import bastion
+    from bastion.core.hf_target import HFTarget
+    from bastion.testing.drafters import NoisyOracleDrafter
+
+    return bastion.Pipeline(target=HFTarget(model), drafter=NoisyOracleDrafter(model, block_size=8, noise=1.0),
+                            budget_controller=bastion.registry.create("budget_controller", "fixed", budget=32))
 
 
 def classify_mismatch(model: Any, prompt: torch.Tensor, ref: list[int], got: list[int], tie_tol: float) -> dict[str, Any]:
@@ -94,16 +108,17 @@ def classify_mismatch(model: Any, prompt: torch.Tensor, ref: list[int], got: lis
 
 
 def check_lossless(pipe: Any, model: Any, prompts: list[torch.Tensor], new_tokens: int, tie_tol: float) -> dict[str, Any]:
-    rows = []
+    rows, accepted = [], []
     for prompt in prompts:
         with torch.no_grad():
             ref = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                                  do_sample=False, eos_token_id=None, pad_token_id=0)[0, prompt.shape[1]:].tolist()
-        got = pipe.generate(prompt, max_new_tokens=new_tokens, stop_on_eos=False).tokens
-        rows.append(classify_mismatch(model, prompt, ref, got, tie_tol))
+        res = pipe.generate(prompt, max_new_tokens=new_tokens, stop_on_eos=False)
+        rows.append(classify_mismatch(model, prompt, ref, res.tokens, tie_tol))
+        accepted.append(res.acceptance_length)
     kinds = [r["kind"] for r in rows]
     return {"prompts": len(rows), "equal": kinds.count("equal"), "near_tie": kinds.count("near-tie"),
-            "real": kinds.count("real"), "details": rows}
+            "real": kinds.count("real"), "acceptance_length": statistics.mean(accepted), "details": rows}
 
 
 def count_syncs(pipe: Any, prompt: torch.Tensor, new_tokens: int) -> dict[str, Any]:
@@ -223,6 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             prompts = [torch.randint(3, vocab, (1, length), generator=gen).to(args.device) for length in args.prompt_lens]
             entry: dict[str, Any] = {"shape": shape, "dtype": dname}
             entry["lossless"] = check_lossless(pipe, model, prompts, args.new_tokens, args.tie_tol)
+            entry["lossless_accepting"] = check_lossless(accepting_pipe(model), model, prompts, args.new_tokens, args.tie_tol)
             entry["syncs"] = count_syncs(pipe, prompts[0], args.new_tokens)
             entry["stages"] = stage_split(pipe, prompts[-1], args.new_tokens)
             entry["latency"] = latency_curve(pipe, args.sizes, args.contexts, args.repeats)
@@ -238,11 +254,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summary_line(e: dict[str, Any]) -> str:
-    lo, st = e["lossless"], e["stages"]
+    lo, st, ac = e["lossless"], e["stages"], e["lossless_accepting"]
     syncs = e["syncs"]["per_step"]
     return (
         f"{e['shape']:>5} {e['dtype']:>5}: equal {lo['equal']}/{lo['prompts']}, near-ties {lo['near_tie']}, "
-        f"real mismatches {lo['real']}; syncs/step {'n/a' if syncs is None else f'{syncs:.1f}'}; "
+        f"real mismatches {lo['real']}; accepting drafter: equal {ac['equal']}/{ac['prompts']}, near-ties "
+        f"{ac['near_tie']}, real {ac['real']}, acceptance {ac['acceptance_length']:.2f}; syncs/step {'n/a' if syncs is None else f'{syncs:.1f}'}; "
         f"latency model median error {100 * e['latency']['median_rel_error']:.1f}% "
         f"(max {100 * e['latency']['max_rel_error']:.0f}%); step {st['ms_per_step']:.1f} ms, "
         + ", ".join(f"{k} {100 * st[k]:.0f}%" for k in STAGES)
@@ -263,12 +280,14 @@ def compiled_summary(c: dict[str, Any] | None) -> str:
 
 def write_markdown(report: dict[str, Any], path: Path) -> None:
     lines = [f"# device check on {report.get('gpu', report['device'])} (torch {report['torch']})", "",
-             "| shape | dtype | equal | near-ties | real mismatches | syncs/step | latency median err | step ms | "
-             + " | ".join(STAGES) + " |", "|" + "---|" * (8 + len(STAGES))]
+             "| shape | dtype | equal | near-ties | real mismatches | accepting drafter: equal / near-tie / real "
+             "(acceptance) | syncs/step | latency median err | step ms | "
+             + " | ".join(STAGES) + " |", "|" + "---|" * (9 + len(STAGES))]
     for e in report["runs"]:
-        lo, st, syncs = e["lossless"], e["stages"], e["syncs"]["per_step"]
+        lo, st, syncs, ac = e["lossless"], e["stages"], e["syncs"]["per_step"], e["lossless_accepting"]
         lines.append(
             f"| {e['shape']} | {e['dtype']} | {lo['equal']}/{lo['prompts']} | {lo['near_tie']} | {lo['real']} | "
+            f"{ac['equal']} / {ac['near_tie']} / {ac['real']} ({ac['acceptance_length']:.2f}) | "
             f"{'n/a' if syncs is None else f'{syncs:.1f}'} | {100 * e['latency']['median_rel_error']:.1f}% | "
             f"{st['ms_per_step']:.2f} | " + " | ".join(f"{100 * st[k]:.0f}%" for k in STAGES) + " |"
         )
@@ -338,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "device_check.json").write_text(json.dumps(report, indent=2) + "\n")
     write_markdown(report, args.out / "device_check.md")
-    real = sum(e["lossless"]["real"] for e in report["runs"])
+    real = sum(e[k]["real"] for e in report["runs"] for k in ("lossless", "lossless_accepting"))
     real += sum(e["compiled"]["lossless"]["real"] for e in report["runs"] if e.get("compiled") and "lossless" in e["compiled"])
     print(f"wrote {args.out / 'device_check.json'} and device_check.md; real mismatches: {real}")
     return 1 if real else 0
