@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bastion.training.chat import EOS, MASK, SPECIAL_TOKENS, chat_text, prompt_text
 from bastion.training.corpus import Document, split_documents
@@ -76,3 +78,24 @@ def test_resumed_target_training_matches_uninterrupted(small_tokenizer, tmp_path
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4).flatmap(lambda w: st.tuples(st.just(w), st.lists(st.integers(1, 300), min_size=w, max_size=8 * w).filter(lambda xs: len(xs) % w == 0))))
+def test_rank_slots_split_the_batch_evenly_in_count_and_about_evenly_in_tokens(case: tuple[int, list[int]]) -> None:
+    from bastion.training.drafter import rank_slots
+
+    world, lengths = case
+    shares = [rank_slots(lengths, r, world) for r in range(world)]
+    assert sorted(j for share in shares for j in share) == list(range(len(lengths)))  # every slot exactly once
+    assert {len(share) for share in shares} == {len(lengths) // world}
+    tokens = [sum(lengths[j] for j in share) for share in shares]
+    assert max(tokens) - min(tokens) <= max(lengths) - min(lengths)
+    assert rank_slots(lengths, 0, 1) == list(range(len(lengths)))
+
+
+def test_rank_slots_deal_in_snake_order_so_two_ranks_get_equal_tokens_where_pairs_allow() -> None:
+    from bastion.training.drafter import rank_slots
+
+    lengths = [7, 10, 8, 9, 64, 61, 62, 63]  # round-robin by length would give rank 0 four tokens more
+    assert [sum(lengths[j] for j in rank_slots(lengths, r, 2)) for r in range(2)] == [142, 142]

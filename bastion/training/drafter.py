@@ -10,10 +10,12 @@ counts when every earlier one was accepted.
 
 Batches. One optimizer step sees ``seqs_per_step`` sequences (the global batch), drawn from a generator
 seeded by ``(seed, step)``; the anchors of batch slot ``j`` come from a generator seeded by
-``(seed, step, j)``. Under ``torchrun`` rank ``r`` of ``W`` takes slots ``r, r + W, ...``, so the batch,
-and hence the update, does not depend on the rank count. Each rank accumulates the gradients of its
-slots one sequence at a time (memory of one sequence whatever the batch) and DistributedDataParallel
-all-reduces them once per step.
+``(seed, step, j)``. Under ``torchrun`` the ``W`` ranks split the slots evenly, dealt by sequence length
+so each rank gets about as many tokens (:func:`rank_slots`); the batch, and hence the update, does not
+depend on the rank count. Each rank accumulates the gradients of its slots one sequence at a time
+(memory of one sequence whatever the batch) and DistributedDataParallel all-reduces them once per step:
+the only collective of a step. The logged loss stays on the device and is summed over the ranks once
+every ``log_every`` steps.
 
 Checkpoints. Rank 0 writes ``checkpoint.pt`` (drafter, optimizer, step, evaluations); every rank resumes
 from it. The optimizer state is the same on every rank, so one checkpoint serves any rank count.
@@ -49,6 +51,11 @@ __all__ = [
     "build_drafter",
     "trainable_indices",
     "train_drafter",
+    "DrafterTraining",
+    "prepare_training",
+    "train_step",
+    "step_batch",
+    "rank_slots",
     "evaluate_drafter",
     "target_features",
 ]
@@ -70,6 +77,7 @@ class DrafterTrainConfig:
     gamma: float = attrs.field(default=7.0, validator=positive_number)
     save_every: int = attrs.field(default=50, validator=positive_number)
     eval_every: int = attrs.field(default=0, validator=attrs.validators.ge(0))  # 0: evaluate at the end only
+    log_every: int = attrs.field(default=25, validator=positive_number)  # steps between loss all-reduces
     seed: int = 0
 
 
@@ -112,11 +120,13 @@ def _slot_weights(k: int, gamma: float, device: torch.device) -> torch.Tensor:
 def _block_loss(net, model, target, feats: torch.Tensor, seq: DistillSequence, anchors: torch.Tensor, gamma: float):
     """(weighted loss, logits [N, K, V], labels [N, K]) for one sequence's anchors. ``net`` is ``model``
     or its DistributedDataParallel wrapper (whose forward is the draft network's)."""
-    from bastion.training.blocks import make_training_blocks
+    from bastion.training.blocks import TrainingBlocks, make_training_blocks
 
     cfg = model.config
     device = model.device
-    blocks = make_training_blocks(seq.ids.to(device), anchors.to(device), cfg.block_size, cfg.mask_token_id)
+    # built on the host from host tensors (no device read to check the anchors), then copied without waiting
+    blocks = make_training_blocks(seq.ids, anchors, cfg.block_size, cfg.mask_token_id)
+    blocks = TrainingBlocks(*(t.to(device, non_blocking=True) for t in attrs.astuple(blocks, recurse=False)))
     embeds = target.get_input_embeddings()(blocks.block_ids)  # [N, B, H]
     hidden = net(embeds, blocks.block_positions, feats, None, blocks.context_mask)  # [N, B, H]
     head = target.get_output_embeddings()
@@ -169,12 +179,98 @@ def evaluate_drafter(
     }
 
 
-def _global_sum(value: float, ctx: DistContext, device: torch.device) -> float:
-    if not ctx.distributed:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(t)
-    return float(t.item())
+def _global_sum(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """``value`` summed over every rank (itself for one process)."""
+    if ctx.distributed:
+        value = value.clone()
+        torch.distributed.all_reduce(value)
+    return value
+
+
+def rank_slots(lengths: Sequence[int], rank: int, world_size: int) -> list[int]:
+    """This rank's batch slots: the slots sorted by sequence length (longest first, ties by slot) dealt out
+    in snake order (0, 1, .., W - 1, W - 1, .., 0, ...), so every rank gets the same number of sequences
+    and about the same number of tokens. Every rank computes the same split from the same batch."""
+    order = sorted(range(len(lengths)), key=lambda j: (-lengths[j], j))
+    mine = []
+    for n, j in enumerate(order):
+        lap, pos = divmod(n, world_size)
+        if (pos if lap % 2 == 0 else world_size - 1 - pos) == rank:
+            mine.append(j)
+    return sorted(mine)
+
+
+@attrs.define(eq=False)
+class DrafterTraining:
+    """One rank's training state: the draft model, its DistributedDataParallel wrapper (``net``; the model
+    itself on one process), the optimizer and the feature source. Built by :func:`prepare_training`,
+    advanced by :func:`train_step`."""
+
+    target: Any
+    model: Any  # DFlashDraftModel
+    net: torch.nn.Module
+    opt: torch.optim.Optimizer
+    source: FeatureSource
+    cfg: DrafterTrainConfig
+    ctx: DistContext
+
+
+def prepare_training(
+    target, cfg: DrafterTrainConfig, mask_token_id: int, *, features: FeatureSource | None = None,
+    ctx: DistContext = DistContext(), checkpoint: Path | None = None, log=print,
+) -> tuple[DrafterTraining, int, float]:
+    """A fresh drafter and optimizer on ``ctx.device`` (restored from ``checkpoint`` when it exists),
+    wrapped in DistributedDataParallel under torchrun. Returns (state, step, elapsed seconds) to go on from."""
+    seed_everything(cfg.seed)
+    device = ctx.device
+    model = build_drafter(target, cfg, mask_token_id).to(device)
+    source = features or OnlineFeatures(target, model.config.target_layer_ids)
+    # foreach: one kernel per operation over all parameters instead of one per parameter (same update)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, foreach=True)
+    step, elapsed = resume(checkpoint, model, opt, log=log) if checkpoint is not None else (0, 0.0)
+    net: torch.nn.Module = model
+    if ctx.distributed:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # the drafter's buffers (rotary frequencies) are constants: no per-forward broadcast
+        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+    model.train()
+    return DrafterTraining(target, model, net, opt, source, cfg, ctx), step, elapsed
+
+
+def step_batch(cfg: DrafterTrainConfig, train_ids: Sequence[int], step: int) -> list[int]:
+    """The global batch of optimizer step ``step``: ``seqs_per_step`` indices drawn by ``(seed, step)``."""
+    rng = random.Random(f"{cfg.seed}:{step}")
+    return [train_ids[rng.randrange(len(train_ids))] for _ in range(cfg.seqs_per_step)]
+
+
+def train_step(state: DrafterTraining, seqs: Sequence[DistillSequence], train_ids: Sequence[int], step: int) -> tuple[torch.Tensor, int]:
+    """Optimizer step ``step`` on this rank: its slots of the global batch (:func:`rank_slots`), gradients
+    accumulated one sequence at a time without synchronisation, all-reduced by DistributedDataParallel on
+    the last backward only, clipped and applied. Returns (this rank's share of the batch's mean loss, a
+    0-dim tensor on the device: no host sync; tokens of this rank's sequences)."""
+    cfg, ctx, model, net = state.cfg, state.ctx, state.model, state.net
+    device = ctx.device
+    batch = step_batch(cfg, train_ids, step)
+    slots = rank_slots([len(seqs[i].ids) for i in batch], ctx.rank, ctx.world_size)
+    scale = ctx.world_size / cfg.seqs_per_step  # DDP averages over ranks: the update is sum(loss) / batch
+    set_lr(state.opt, lr_at(step, peak=cfg.lr, warmup=cfg.warmup, total=cfg.steps))
+    state.opt.zero_grad(set_to_none=True)
+    local = torch.zeros((), device=device)
+    tokens = 0
+    for n, j in enumerate(slots):
+        seq = seqs[batch[j]]
+        anchors = _anchors(seq, cfg.anchors_per_seq, random.Random(f"{cfg.seed}:{step}:{j}"))
+        last = n == len(slots) - 1  # DDP all-reduces on the last backward of the step only
+        sync = contextlib.nullcontext() if last or not ctx.distributed else net.no_sync()  # type: ignore[operator]
+        with sync, _autocast(device):
+            feats = state.source.features(batch[j], seq, device)  # [1, L, F]
+            loss, _, _ = _block_loss(net, model, state.target, feats, seq, anchors, cfg.gamma)
+            (loss * scale).backward()
+        local += loss.detach().float()
+        tokens += len(seq.ids)
+    clipped_step(state.opt, model.parameters())
+    return local / cfg.seqs_per_step, tokens
 
 
 def train_drafter(
@@ -206,18 +302,9 @@ def train_drafter(
     out_dir = Path(out_dir)
     ckpt_path = out_dir / "checkpoint.pt"
     say = log if ctx.is_main else (lambda *_a, **_k: None)
-    seed_everything(cfg.seed)
-    device = ctx.device
-    model = build_drafter(target, cfg, mask_token_id).to(device)
-    source = features or OnlineFeatures(target, model.config.target_layer_ids)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    step, elapsed = resume(ckpt_path, model, opt, log=say)
+    state, step, elapsed = prepare_training(target, cfg, mask_token_id, features=features, ctx=ctx, checkpoint=ckpt_path, log=say)
+    model, opt, device = state.model, state.opt, ctx.device
     evals: list[dict] = list((load_checkpoint(ckpt_path) or {}).get("evals", [])) if step else []
-    net: torch.nn.Module = model
-    if ctx.distributed:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        net = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     n_params = sum(p.numel() for p in model.parameters())
     say(f"drafter: {n_params / 1e6:.2f}M parameters, {len(train_ids)} training sequences, "
         f"{ctx.world_size} rank(s), global batch {cfg.seqs_per_step}")
@@ -230,51 +317,46 @@ def train_drafter(
         evals.append(row)
         say("eval " + json.dumps(row))
 
-    model.train()
-    slots = list(range(ctx.rank, cfg.seqs_per_step, ctx.world_size))  # this rank's batch slots
-    scale = ctx.world_size / cfg.seqs_per_step  # DDP averages over ranks: the update is sum(loss) / batch
     bar = tqdm(total=cfg.steps, initial=step, desc="drafter", mininterval=10.0, disable=not ctx.is_main)
     t0 = time.perf_counter()
     tokens = 0
-    loss_ema = None
+    loss_ema: float | None = None
+    pending: list[torch.Tensor] = []  # this rank's losses of the steps not yet summed over the ranks
+
+    def flush_losses() -> None:
+        """One all-reduce (and one host read) for every ``log_every`` steps, not one per step."""
+        nonlocal loss_ema
+        totals = _global_sum(torch.stack(pending), ctx).tolist()  # [steps]
+        pending.clear()
+        for total in totals:
+            loss_ema = total if loss_ema is None else 0.97 * loss_ema + 0.03 * total
+        bar.set_postfix(loss=f"{loss_ema:.3f}", lr=f"{opt.param_groups[0]['lr']:.2e}", refresh=False)
+
     while step < cfg.steps:
-        rng = random.Random(f"{cfg.seed}:{step}")
-        batch = [train_ids[rng.randrange(len(train_ids))] for _ in range(cfg.seqs_per_step)]
-        set_lr(opt, lr_at(step, peak=cfg.lr, warmup=cfg.warmup, total=cfg.steps))
-        opt.zero_grad(set_to_none=True)
-        local = 0.0
-        for n, j in enumerate(slots):
-            seq = seqs[batch[j]]
-            anchors = _anchors(seq, cfg.anchors_per_seq, random.Random(f"{cfg.seed}:{step}:{j}"))
-            last = n == len(slots) - 1  # DDP all-reduces on the last backward of the step only
-            sync = contextlib.nullcontext() if last or not ctx.distributed else net.no_sync()  # type: ignore[operator]
-            with sync, _autocast(device):
-                feats = source.features(batch[j], seq, device)  # [1, L, F]
-                loss, _, _ = _block_loss(net, model, target, feats, seq, anchors, cfg.gamma)
-                (loss * scale).backward()
-            local += float(loss.detach()) / cfg.seqs_per_step
-            tokens += len(seq.ids)
-        clipped_step(opt, model.parameters())
+        loss, n_tokens = train_step(state, seqs, train_ids, step)
+        pending.append(loss)
+        tokens += n_tokens
         step += 1
-        total = _global_sum(local, ctx, device)
-        loss_ema = total if loss_ema is None else 0.97 * loss_ema + 0.03 * total
         bar.update(1)
-        bar.set_postfix(loss=f"{loss_ema:.3f}", lr=f"{opt.param_groups[0]['lr']:.2e}")
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+        evaluating = bool(cfg.eval_every) and step % cfg.eval_every == 0 and step < cfg.steps
+        saving = step % cfg.save_every == 0 or step == cfg.steps
+        if step % cfg.log_every == 0 or evaluating or saving:  # the same steps on every rank
+            flush_losses()
+        if evaluating:
             run_eval(step)
-        if ctx.is_main and (step % cfg.save_every == 0 or step == cfg.steps):
+        if ctx.is_main and saving:
             save_checkpoint(ckpt_path, model=model.state_dict(), optimizer=opt.state_dict(), step=step,
                             elapsed=elapsed + time.perf_counter() - t0, evals=evals)
     bar.close()
     run_wall = time.perf_counter() - t0
-    tokens_all = _global_sum(float(tokens), ctx, device)
+    tokens_all = float(_global_sum(torch.tensor(float(tokens), dtype=torch.float64, device=device), ctx))
     summary: dict[str, Any] = {}
     if ctx.is_main:
         model.eval()
         model.save_pretrained(out_dir)
         if not evals or evals[-1]["step"] != cfg.steps:
             run_eval(cfg.steps)
-        held = evaluate_drafter(model, target, seqs, features=source, indices=held_ids) if held_ids else {}
+        held = evaluate_drafter(model, target, seqs, features=state.source, indices=held_ids) if held_ids else {}
         summary = {
             "parameters": n_params,
             "steps": cfg.steps,

@@ -46,7 +46,7 @@ class FeatureSource(Protocol):
 def target_features(target, ids: torch.Tensor, layer_ids: Sequence[int]) -> torch.Tensor:
     """Features of every position of ``ids`` [L]: concatenated decoder-layer outputs -> [1, L, F]."""
     device = target.get_input_embeddings().weight.device
-    out = target(input_ids=ids[None].to(device), output_hidden_states=True, use_cache=False)
+    out = target(input_ids=ids[None].to(device, non_blocking=True), output_hidden_states=True, use_cache=False)
     return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
 
 
