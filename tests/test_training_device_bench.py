@@ -3,23 +3,17 @@ it compares against reproduces the documented plan for an 8B target."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from bastion.testing.scripts import load_benchmark
 
 
 def _load():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("train_device", ROOT / "benchmarks" / "train_device.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_device"] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return load_benchmark("train_device")
 
 
 def test_tiny_device_training_bench_on_cpu_times_the_recipe_steps_and_reports_what_it_promises(tmp_path: Path) -> None:
