@@ -2,7 +2,7 @@
 
 For each batch size B the prompts are cut into consecutive groups of B and every method decodes every
 group with ``generate_batch`` (batched ``ar`` included: one target forward per step for all rows), in
-an order rotated per group. A method's throughput at B is its total new tokens over its total wall
+an order rotated per group, after one unrecorded batch per method at that size. A method's throughput at B is its total new tokens over its total wall
 seconds; the speedup is over batched ``ar`` at the same B. With ``repeats > 1`` each (group, method)
 keeps its fastest run.
 """
@@ -81,14 +81,14 @@ def run_batch_sweep(
     names = [s.name for s in specs]
     kw = dict(max_new_tokens=config.max_new_tokens, temperature=config.temperature, seed=config.seed, top_p=config.top_p, top_k=config.top_k)
     t0 = time.perf_counter()
-    if config.warmup_tokens > 0:
-        for dec in decoders.values():
-            dec.generate_batch(encoded[: max(sizes)], **{**kw, "max_new_tokens": config.warmup_tokens})
     groups_total = sum(-(-len(encoded) // b) for b in sizes)
     bar = _progress(groups_total * len(names) * config.repeats, progress)
     points: list[BatchPoint] = []
     try:
         for b in sizes:
+            if config.warmup_tokens > 0:  # one unrecorded batch per method at this size: first-call costs stay out
+                for dec in decoders.values():
+                    dec.generate_batch(encoded[:b], **{**kw, "max_new_tokens": config.warmup_tokens})
             groups = [encoded[i : i + b] for i in range(0, len(encoded), b)]
             runs: dict[str, list[tuple[float, list[GenerationResult]]]] = {n: [] for n in names}
             for g, group in enumerate(groups):

@@ -207,16 +207,16 @@ class ARDecoder:
         stop_on_eos: bool = True,
     ) -> list[GenerationResult]:
         """Plain batched decoding: one target forward per step for every active row (the same padded
-        cache as the batched pipeline, finished rows leave); row i is seeded with ``seed + i``. A target
-        without batched state decodes the rows one after another."""
+        cache as the batched pipeline, finished rows leave); row i is seeded with ``seed + i``. One
+        prompt, or a target without batched state, decodes through :meth:`generate` row by row."""
         if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise InvalidInputError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
         rows = [p.reshape(1, -1).to(self.target.device, torch.long) for p in prompts]
         seed = None if seed is None else check_seed(seed)
         seeds = [None if seed is None else seed + i for i in range(len(rows))]
         sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
-        out = decode_plain_batch(self.target, rows, max_new_tokens, sampling, seeds, stop_on_eos)
-        if out is None:
+        out = None if len(rows) == 1 else decode_plain_batch(self.target, rows, max_new_tokens, sampling, seeds, stop_on_eos)
+        if out is None:  # one prompt (as the pipeline: the single-sequence loop) or no batched state
             out = [
                 self.generate(r, max_new_tokens, temperature, s, top_p=top_p, top_k=top_k, stop_on_eos=stop_on_eos)
                 for r, s in zip(rows, seeds)

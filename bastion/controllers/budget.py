@@ -32,7 +32,7 @@ from bastion.controllers.calibration import AcceptanceCalibrator, SamplingKey, s
 from bastion.controllers.gate import SpeculationGate
 from bastion.core.checks import check_int, check_number, options_object, predict_batch_checked, predict_checked
 from bastion.core.errors import InvalidInputError
-from bastion.core.interfaces import BudgetController, BudgetDecision, LatencyModel
+from bastion.core.interfaces import BatchStepCosts, BudgetController, BudgetDecision, LatencyModel
 from bastion.core.running import running_mean
 from bastion.core.types import SamplingConfig, StepFeedback
 
@@ -40,6 +40,8 @@ __all__ = ["BastionController", "BastionDecision", "FixedController", "batch_acc
 
 #: weight of the newest plain step in the running mean of a plain step's non-verify seconds
 _PLAIN_OVERHEAD_EMA = 0.2
+#: weight of the newest speculative batched step in the running per-row acceptance curve
+_ROW_CURVE_EMA = 0.5
 
 Rule = Literal["scan", "first-decrease"]
 
@@ -104,6 +106,11 @@ class BastionController(BudgetController):
         self.gate: SpeculationGate | None = options_object("gate", gate, SpeculationGate)
         self._key: SamplingKey = sampling_key(SamplingConfig())
         self.plain_overhead_s = 0.0  # running mean of a plain step's non-verify seconds (0 until one is seen)
+        #: batches: the mean per-row calibrated acceptance curve of recent speculative steps, [n_top]
+        #: (entry W - 1: tokens per row at width W), the prediction a plain step's probe decision uses
+        self.row_curve: np.ndarray | None = None
+        self._batch_plain_s: float | None = None  # this batched step's plain-step seconds (speculate_batch)
+        self._probe_rows: int | None = None  # rows of the batch's last speculative step
 
     def use_buckets(self, buckets: Iterable[int] | None) -> None:
         """Restrict n to ``buckets`` from now on (None: every size), e.g. the sizes the compiled verify
@@ -129,8 +136,80 @@ class BastionController(BudgetController):
     def speculate(self) -> bool:
         return True if self.gate is None else self.gate.should_draft()
 
+    def begin_batch(self, sampling: SamplingConfig, batch_size: int) -> None:
+        """:meth:`begin` for a batch: the gate's state is kept per (sampling setting, batch size), so
+        whether speculation paid at one batch size never decides another's start (nor a single
+        sequence's)."""
+        self._key = sampling_key(sampling)
+        self._probe_rows = None
+        if self.gate is not None:
+            self.gate.start((self._key, "batch", int(batch_size)))
+
+    def speculate_batch(self, context_lens: Sequence[int], latency: LatencyModel, costs: BatchStepCosts) -> bool:
+        """The gate's decision for a batched step, checked against the batch's measured costs.
+
+        While speculation pays the gate decides alone (every speculative step's :meth:`decide_width`
+        updates it). Otherwise the gain of speculating now is predicted from :attr:`row_curve` (the
+        acceptance of recent speculative steps) and the latency and cost models at this batch size:
+
+        - a probe the gate schedules (or a batch's first step) that is predicted not to pay is skipped
+          and counts as a probe that did not pay (the back-off grows), until the back-off reaches its
+          cap; from then on every probe drafts, so the acceptance is re-measured now and then;
+        - when rows have left the batch since its last speculative step and speculating is now
+          predicted to pay, the step probes at once instead of waiting out the back-off."""
+        self._batch_plain_s = costs.plain_s
+        gate = self.gate
+        if gate is None:
+            return True
+        first = gate.speculating and gate.gain is None  # a batch's first step: the gate's first probe
+        if gate.speculating and not first:
+            return gate.should_draft()
+        rows = len(context_lens)
+        shrunk = self._probe_rows is not None and rows < self._probe_rows
+        if not first and gate.wait > 0 and not shrunk:  # waiting out the back-off: no prediction needed
+            return gate.should_draft()
+        gain = self._predicted_gain(context_lens, latency, costs)
+        if gain is None:
+            return gate.should_draft()
+        if shrunk and gate.wait > 0:
+            if gain > gate.margin:
+                gate.wait = 0  # probe now: should_draft() below starts it
+            else:
+                self._probe_rows = rows  # predicted for this size: ask again only when it shrinks further
+        if not gate.should_draft():
+            return False
+        if gain > gate.margin or gate.backoff >= gate.max_backoff:
+            return True
+        gate.update(gain)  # a probe predicted not to pay: skipped, counted as one that did not pay
+        return False
+
+    def _predicted_gain(self, context_lens: Sequence[int], latency: LatencyModel, costs: BatchStepCosts) -> float | None:
+        """Predicted best gain of speculating over a plain batched step, from :attr:`row_curve`."""
+        curve = self.row_curve
+        if curve is None or curve.shape[0] < 2:
+            return None
+        rows = len(context_lens)
+        rate, _, t_verify, _ = self._batch_rates(rows * curve, context_lens, latency, costs.overhead_s, costs.draft_s)
+        plain = rows / (t_verify[0] + costs.plain_s)
+        return float(rate[1:].max() / plain)
+
+    def _batch_rates(
+        self, total: np.ndarray, context_lens: Sequence[int], latency: LatencyModel, overhead_s: float, draft_s: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Predicted accepted tokens per second of the batch at each allowed width, from ``total``
+        [n_top] (entry W - 1: the batch's accepted tokens at width W) -> (rate, seconds per step,
+        T_verify, sizes), each [N + 1]; sizes[0] is W = 1 (no drafting cost)."""
+        overhead = _check_overhead(overhead_s) + self.extra_overhead_s
+        draft = _check_overhead(draft_s)
+        sizes, sizes_t = self._sizes(total.shape[0])  # [N + 1], sizes[0] == 1
+        t_verify = predict_batch_checked(latency, sizes_t, context_lens).numpy()  # [N + 1] seconds
+        cost = overhead + t_verify + np.where(sizes > 1, draft, 0.0)  # [N + 1] seconds per step
+        return total[sizes - 1] / cost, cost, t_verify, sizes
+
     def observe(self, outcome: StepFeedback) -> None:
         """Learn the acceptance of the verified nodes (speculative steps) or the cost of a plain step."""
+        if not outcome.drafted and outcome.batch_size > 1:
+            return  # a batch's plain-step cost comes with each step (speculate_batch), per batch size
         if not outcome.drafted:
             self.plain_overhead_s = running_mean(self.plain_overhead_s, _check_overhead(outcome.overhead_s), _PLAIN_OVERHEAD_EMA)
             return
@@ -225,17 +304,15 @@ class BastionController(BudgetController):
         if not log_scores or len(log_scores) != len(context_lens):
             raise InvalidInputError("decide_width needs one log_scores tensor per context length (and at least one row)")
         rows = [_scores_to_numpy(s) for s in log_scores]
-        overhead = _check_overhead(overhead_s) + self.extra_overhead_s
-        draft = _check_overhead(draft_s)
-        sizes, sizes_t = self._sizes(max(r.shape[0] for r in rows))  # [N + 1], sizes[0] == 1
         raw = batch_accept_curve([np.exp(r) for r in rows])  # [n_top] sum_i A_hat_i(min(W, n_i))
         cal = batch_accept_curve([self.accept_rates(r) for r in rows])  # [n_top] the same, calibrated
-        t_verify = predict_batch_checked(latency, sizes_t, context_lens).numpy()  # [N + 1] seconds
-        cost = overhead + t_verify + np.where(sizes > 1, draft, 0.0)  # [N + 1] seconds per step
-        rate = cal[sizes - 1] / cost  # [N + 1] predicted tokens per second
+        self.row_curve = _blend_curves(self.row_curve, cal / len(rows), _ROW_CURVE_EMA)
+        self._probe_rows = len(rows)
+        rate, cost, t_verify, sizes = self._batch_rates(cal, context_lens, latency, overhead_s, draft_s)  # each [N + 1]
         k = int(np.argmax(rate))
         width = int(sizes[k])
-        plain = len(rows) / (t_verify[0] + self.plain_overhead_s)  # a plain batched step's tokens per second
+        plain_s = self.plain_overhead_s if self._batch_plain_s is None else self._batch_plain_s
+        plain = len(rows) / (t_verify[0] + plain_s)  # a plain batched step's tokens per second
         gain = float(rate[k] / plain) if width > 1 else 0.0
         if self.gate is not None:
             self.gate.update(gain)
@@ -304,6 +381,15 @@ class FixedController(BudgetController):
 
     def __repr__(self) -> str:
         return f"FixedController(budget={self.budget})"
+
+
+def _blend_curves(old: np.ndarray | None, new: np.ndarray, weight: float) -> np.ndarray:
+    """Running mean of cumulative curves of any lengths (a shorter curve stays flat past its end)."""
+    if old is None:
+        return new.copy()
+    n = max(old.shape[0], new.shape[0])
+    pad = lambda c: np.pad(c, (0, n - c.shape[0]), mode="edge")  # noqa: E731
+    return (1.0 - weight) * pad(old) + weight * pad(new)
 
 
 def batch_accept_curve(rates: Sequence[np.ndarray]) -> np.ndarray:

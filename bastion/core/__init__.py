@@ -12,7 +12,7 @@ from bastion.core.errors import (
     TreeValidationError,
     UnknownComponentError,
 )
-from bastion.core.interfaces import BudgetController, BudgetDecision, Drafter, LatencyModel, TreeBuilder, Verifier
+from bastion.core.interfaces import BatchStepCosts, BudgetController, BudgetDecision, Drafter, LatencyModel, TreeBuilder, Verifier
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import (
@@ -33,6 +33,7 @@ __all__ = [
     "BastionError",
     "ComponentError",
     "BudgetController",
+    "BatchStepCosts",
     "BudgetDecision",
     "CandidateTree",
     "DraftContext",

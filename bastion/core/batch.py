@@ -19,10 +19,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from bastion.core.batching import BatchPrefill, DraftBatch, TargetBatch
+from bastion.core.interfaces import BatchStepCosts
 from bastion.core.pipeline import Pipeline, _checked_size, _validate_built
-from bastion.core.running import running_mean
-from bastion.core.sync import device_sync
-from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
+from bastion.core.sync import device_sync, to_host
+from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_rows, sample_tokens
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import DraftContext, DraftStep, GenerationResult, SamplingConfig, StageTimings, StepFeedback, StepRecord
@@ -30,10 +30,15 @@ from bastion.core.types import DraftContext, DraftStep, GenerationResult, Sampli
 
 __all__ = ["decode_batch", "decode_plain_batch"]
 
-#: weight of the newest step in the running means of per-step drafting and other overhead
-_EMA = 0.2
 #: during a run of plain steps, one verify time in this many goes to the latency model
 _PLAIN_LATENCY_EVERY = 8
+
+#: what a plain step hands the controller for "the verified tree": the root alone, accepted
+_ROOT_SCORES = torch.zeros(1)  # [1] log rho of the root
+_ROOT_PATH = torch.zeros(1, dtype=torch.long)  # [1] the accepted path: the root
+
+#: picks each row's next token from a plain step's logits: (roots, logits [B, V], sampling [B], generators [B])
+NextTokens = Callable[[Sequence[int], torch.Tensor, Sequence[SamplingConfig], Sequence["torch.Generator | None"]], list[int]]
 
 
 class _Row:
@@ -71,7 +76,7 @@ def decode_batch(
     if opened is None:
         return None
     tb, pre, rows = opened
-    pipe.budget_controller.begin(sampling)
+    pipe.budget_controller.begin_batch(sampling, len(rows))
     drafts = drafter.open_batch(
         [DraftContext(tokens=p[0], features=None if pre.features is None else pre.features[i]) for i, p in enumerate(prompts)]
     )
@@ -106,42 +111,62 @@ def decode_plain_batch(
     device_sync(target.device)
     prefill_s = time.perf_counter() - t_start
     _start(rows, _first_tokens(pre, sampling, rows), eos, max_new_tokens)
-    keep_root = torch.zeros(1, dtype=torch.long)  # [1]: every row commits its one node
     active = _retire(rows, (tb,), t_start)
     while active:
         t0 = time.perf_counter()
         ctxs = tb.context_lens
-        trees = [Tree.from_parents(torch.tensor([row.root], device=target.device), [-1]) for row in active]
-        logits = tb.forward_trees(trees).logits[:, 0]  # [B, V]
-        tb.commit([keep_root] * len(active))
-        if sampling.greedy:
-            tokens = logits.argmax(dim=-1).tolist()  # the one host transfer of the step
-        else:
-            tokens = [
-                int(sample_tokens(logits[i], at_position(sampling, row.stream, ctx + 1)))
-                for i, (row, ctx) in enumerate(zip(active, ctxs))
-            ]
-        t1 = time.perf_counter()
-        timings = StageTimings(verify=t1 - t0)
-        for row, tok, ctx in zip(active, tokens, ctxs):
-            emitted = _emit(row, [tok], ctx + 1, max_new_tokens, eos, target.max_positions)
-            row.steps.append(
-                StepRecord(
-                    budget=1,
-                    accepted=0,
-                    emitted=len(emitted),
-                    context_len=ctx,
-                    predicted_accept=1.0,
-                    predicted_speedup=None,
-                    timings=timings,
-                    drafted=False,
-                    batch_size=len(active),
-                    width=1,
-                )
-            )
+        tokens, _ = _plain_forward(tb, active, ctxs, sampling, (), _exact_next_tokens)
+        _record_plain(active, tokens, ctxs, StageTimings(verify=time.perf_counter() - t0), max_new_tokens, eos, target.max_positions)
         active = _retire(active, (tb,), t_start)
     device_sync(target.device)
     return _results(rows, max_new_tokens, prefill_s)
+
+
+def _exact_next_tokens(
+    roots: Sequence[int], logits: torch.Tensor, sampling: Sequence[SamplingConfig], generators: Sequence[torch.Generator | None]
+) -> list[int]:
+    """The target's own choice per row (the exact verifier's rule for a one-node tree)."""
+    return to_host(sample_rows(logits, sampling, generators), "verify")  # [B], the step's one host read
+
+
+def _plain_forward(
+    tb: TargetBatch, rows: list["_Row"], ctxs: list[int], sampling: SamplingConfig, layers: tuple[int, ...], pick: NextTokens
+) -> tuple[list[int], torch.Tensor | None]:
+    """One plain batched step in the target: every row's root in one forward, committed, and each
+    row's next token picked -> (tokens [B], the roots' features [B, F] or None). No trees, no
+    verdicts: O(1) tensor work per step whatever the batch size."""
+    roots = [row.root for row in rows]
+    out = tb.forward_next(torch.tensor(roots), layers)  # logits [B, 1, V]
+    tb.commit_next()
+    if sampling.greedy:
+        row_sampling = [sampling] * len(rows)
+    else:  # row i's token sits at position ctx_i + 1 of its own seeded stream (a one-node tree's uniforms [1])
+        row_sampling = [sampling if row.stream is None else row.stream.for_tokens_at(sampling, torch.tensor([ctx + 1])) for row, ctx in zip(rows, ctxs)]
+    tokens = pick(roots, out.logits[:, 0], row_sampling, [row.generator for row in rows])
+    return tokens, None if out.features is None else out.features[:, 0]
+
+
+def _record_plain(
+    rows: list["_Row"], tokens: list[int], ctxs: list[int], timings: StageTimings, max_new_tokens: int, eos: frozenset[int], max_positions: int
+) -> None:
+    """Emit each row's plain-step token and append its step record."""
+    b = len(rows)
+    for row, tok, ctx in zip(rows, tokens, ctxs):
+        emitted = _emit(row, (tok,), ctx + 1, max_new_tokens, eos, max_positions)
+        row.steps.append(
+            StepRecord(
+                budget=1,
+                accepted=0,
+                emitted=len(emitted),
+                context_len=ctx,
+                predicted_accept=1.0,
+                predicted_speedup=None,
+                timings=timings,
+                drafted=False,
+                batch_size=b,
+                width=1,
+            )
+        )
 
 
 def _open(
@@ -234,32 +259,83 @@ def _step(
     sampling: SamplingConfig,
     eos: frozenset[int],
 ) -> None:
+    """One batched step: speculative when the controller says drafting pays (and some row has room to
+    draft), else plain."""
+    target, controller = pipe.target, pipe.budget_controller
+    t0 = time.perf_counter()
+    ctxs = tb.context_lens
+    may_draft = any(
+        target.max_positions - ctx - 1 >= 1 and max_new_tokens - len(row.out) - 1 >= 1 for row, ctx in zip(rows, ctxs)
+    )
+    costs = pipe._batch_costs
+    b = len(rows)
+    if may_draft and controller.speculate_batch(ctxs, pipe.latency_model, BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b))):
+        _speculative_step(pipe, rows, tb, drafts, max_new_tokens, sampling, eos, t0, ctxs)
+    else:
+        _plain_step(pipe, rows, tb, drafts, max_new_tokens, sampling, eos, t0, ctxs)
+
+
+def _plain_step(
+    pipe: Pipeline,
+    rows: list[_Row],
+    tb: TargetBatch,
+    drafts: DraftBatch,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    eos: frozenset[int],
+    t0: float,
+    ctxs: list[int],
+) -> None:
+    """The target alone: one forward over every row's root, each row's next token, and the drafter
+    kept current from the features that forward produced; O(1) device work and host reads per step."""
+    t1 = time.perf_counter()
+    tokens, feats = _plain_forward(tb, rows, ctxs, sampling, pipe.drafter.feature_layers, pipe.verifier.next_tokens)
+    t2 = time.perf_counter()  # forward, commit and the read of its tokens
+    drafts.commit_next(torch.tensor([row.root for row in rows]), feats)
+    t3 = time.perf_counter()
+    b = len(rows)
+    pipe._plain_steps += 1
+    if (pipe._plain_steps - 1) % _PLAIN_LATENCY_EVERY == 0:  # plain steps all time W = 1
+        pipe.latency_model.observe_batch(1, ctxs, t2 - t1)
+    overhead = (t1 - t0) + (t3 - t2)
+    pipe.budget_controller.observe(
+        StepFeedback(
+            drafted=False, log_scores=_ROOT_SCORES, accepted_nodes=_ROOT_PATH, context_len=max(ctxs), verify_s=t2 - t1,
+            overhead_s=overhead, batch_size=b,
+        )
+    )
+    _record_plain(rows, tokens, ctxs, StageTimings(controller=t1 - t0, verify=t2 - t1, commit=t3 - t2), max_new_tokens, eos, pipe.target.max_positions)
+    pipe._batch_costs.plain.observe(b, overhead + (time.perf_counter() - t3))  # records included
+
+
+def _speculative_step(
+    pipe: Pipeline,
+    rows: list[_Row],
+    tb: TargetBatch,
+    drafts: DraftBatch,
+    max_new_tokens: int,
+    sampling: SamplingConfig,
+    eos: frozenset[int],
+    t0: float,
+    ctxs: list[int],
+) -> None:
+    """Draft every row, build each row's tree, one width for the batch, verify, accept, commit."""
     target, controller = pipe.target, pipe.budget_controller
     layers = pipe.drafter.feature_layers
     draft_temperature = 1.0 if sampling.greedy else sampling.temperature
-    t0 = time.perf_counter()
-    ctxs = tb.context_lens
-    depths = []  # deepest node each row may draft: positions and tokens still wanted
-    for row, ctx in zip(rows, ctxs):
-        room = target.max_positions - ctx - 1
-        depths.append(min(room, max_new_tokens - len(row.out) - 1))
-    decision = None
-    drafting = max(depths) >= 1 and controller.speculate()  # one gate decision for the whole batch
-    if drafting:
-        marginals = drafts.propose(
-            [DraftStep(root_token=row.root, context_len=ctx, temperature=draft_temperature) for row, ctx in zip(rows, ctxs)]
-        )
-        t1 = time.perf_counter()
-        trees = [_row_tree(pipe, m, row.root, d) for m, row, d in zip(marginals, rows, depths)]
-        t2 = time.perf_counter()
-        decision = controller.decide_width(
-            [t.log_scores for t in trees], ctxs, pipe.latency_model, pipe._batch_other_s, pipe._batch_draft_s
-        )
-        width = _checked_size(controller, decision, max(len(t) for t in trees))
-        trees = [t.truncate(min(width, len(t))) for t in trees]
-    else:
-        t1 = t2 = t0
-        trees = [pipe._root_tree(row.root) for row in rows]
+    costs = pipe._batch_costs
+    b = len(rows)
+    depths = [min(target.max_positions - ctx - 1, max_new_tokens - len(row.out) - 1) for row, ctx in zip(rows, ctxs)]
+    t_draft = time.perf_counter()
+    marginals = drafts.propose(
+        [DraftStep(root_token=row.root, context_len=ctx, temperature=draft_temperature) for row, ctx in zip(rows, ctxs)]
+    )
+    t1 = time.perf_counter()
+    trees = [_row_tree(pipe, m, row.root, d) for m, row, d in zip(marginals, rows, depths)]
+    t2 = time.perf_counter()
+    decision = controller.decide_width([t.log_scores for t in trees], ctxs, pipe.latency_model, costs.other(b), costs.draft(b))
+    width = _checked_size(controller, decision, max(len(t) for t in trees))
+    trees = [t.truncate(min(width, len(t))) for t in trees]
     t3 = time.perf_counter()
     out = tb.forward_trees(trees, layers)
     pipe._sync()
@@ -280,22 +356,17 @@ def _step(
     pipe._sync()
     t6 = time.perf_counter()
     width = max(len(t) for t in trees)
-    pipe._plain_steps = 0 if drafting else pipe._plain_steps + 1
-    if drafting or (pipe._plain_steps - 1) % _PLAIN_LATENCY_EVERY == 0:  # plain steps all time W = 1
-        pipe.latency_model.observe_batch(width, ctxs, t4 - t3)
+    pipe._plain_steps = 0
+    pipe.latency_model.observe_batch(width, ctxs, t4 - t3)
     non_verify = (t3 - t0) + (t6 - t4)
-    if drafting:  # speculative steps' costs only: plain steps do not dilute them
-        pipe._batch_draft_s = running_mean(pipe._batch_draft_s, t2 - t0, _EMA)
-        pipe._batch_other_s = running_mean(pipe._batch_other_s, (t3 - t2) + (t6 - t4), _EMA)
     for tree, n, ctx in zip(trees, nodes, ctxs):
         controller.observe(
             StepFeedback(
-                drafted=drafting, log_scores=tree.log_scores, accepted_nodes=n, context_len=ctx, verify_s=t4 - t3, overhead_s=non_verify
+                drafted=True, log_scores=tree.log_scores, accepted_nodes=n, context_len=ctx, verify_s=t4 - t3, overhead_s=non_verify,
+                batch_size=b,
             )
         )
     timings = StageTimings(draft=t1 - t0, tree=t2 - t1, controller=t3 - t2, verify=t4 - t3, accept=t5 - t4, commit=t6 - t5)
-    speedup = None if decision is None else decision.predicted_speedup
-    calibrated = None if decision is None else decision.calibrated_accept
     for row, tree, verdict, ctx in zip(rows, trees, verdicts, ctxs):
         committed = ctx + len(verdict.accepted_nodes)  # the next root sits at this position
         emitted = _emit(row, verdict.emitted, committed, max_new_tokens, eos, target.max_positions)
@@ -305,15 +376,17 @@ def _step(
                 accepted=verdict.num_accepted,
                 emitted=len(emitted),
                 context_len=ctx,
-                predicted_accept=tree.accept_score() if drafting else 1.0,
-                predicted_speedup=speedup,
+                predicted_accept=tree.accept_score(),
+                predicted_speedup=decision.predicted_speedup,
                 timings=timings,
-                calibrated_accept=calibrated,
-                drafted=drafting,
-                batch_size=len(rows),
+                calibrated_accept=decision.calibrated_accept,
+                drafted=True,
+                batch_size=b,
                 width=width,
             )
         )
+    costs.draft.observe(b, t2 - t_draft)
+    costs.other.observe(b, (t_draft - t0) + (t3 - t2) + (time.perf_counter() - t4))  # records included
 
 
 def _row_tree(pipe: Pipeline, proposal: Any, root: int, max_depth: int) -> Tree:

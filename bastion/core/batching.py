@@ -77,6 +77,22 @@ class TargetBatch(abc.ABC):
     def batch_size(self) -> int:
         return len(self.context_lens)
 
+    def forward_next(self, tokens: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> BatchTargetOutput:
+        """A plain step: one forward over every row's next token (LongTensor [B], row i's at position
+        ``ctx_i``) -> logits [B, 1, V] (features [B, 1, F]); the cache holds the entries until
+        :meth:`commit_next`. The default runs :meth:`forward_trees` on one-node trees; override it to
+        skip building B trees per step (``HFTargetBatch`` does)."""
+        from bastion.core.tree import Tree
+
+        trees = [Tree.from_parents(tokens[i : i + 1], [-1]) for i in range(int(tokens.shape[0]))]
+        return self.forward_trees(trees, feature_layers)
+
+    def commit_next(self) -> None:
+        """Commit every row's one entry of the last :meth:`forward_next` (the default: :meth:`commit`
+        with each row's root)."""
+        root = torch.zeros(1, dtype=torch.long)  # [1]
+        self.commit([root] * self.batch_size)
+
 
 class DraftBatch(abc.ABC):
     """A batch of per-row draft contexts."""
@@ -92,6 +108,13 @@ class DraftBatch(abc.ABC):
     @abc.abstractmethod
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (indices into the current batch, in that order)."""
+
+    def commit_next(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
+        """A plain step committed one token per row: ``tokens`` [B] and their features [B, F] (or None).
+        The default calls :meth:`commit` with one-entry slices per row; override it to keep a plain
+        step O(1) in the batch size (DFlash stacks them and projects them at its next proposal)."""
+        b = int(tokens.shape[0])
+        self.commit([tokens[i : i + 1] for i in range(b)], [None if features is None else features[i : i + 1] for i in range(b)])
 
 
 class LoopDraftBatch(DraftBatch):

@@ -156,6 +156,48 @@ class HFTargetBatch(TargetBatch):
         self._fit(s + w)
 
     @torch.inference_mode()
+    def forward_next(self, tokens: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> BatchTargetOutput:
+        """A plain step without trees: row i's token at slot ``S`` and position ``ctx_i``, seeing its own
+        context and itself (mask ``[B, 1, 1, S + 1]``)."""
+        t = self.target
+        if self._cache is None:
+            raise InvalidInputError("forward_next() needs a prefilled batch")
+        b = len(self._ctx)
+        if tokens.dim() != 1 or int(tokens.shape[0]) != b:
+            raise InvalidInputError(f"forward_next() takes one token per row: a LongTensor [{b}], got {tuple(tokens.shape)}")
+        self._drop_pending()
+        longest = max(self._ctx)
+        if longest >= t.max_positions:
+            row = self._ctx.index(longest)
+            raise InvalidInputError(f"row {row}: {longest} committed tokens leave no position below the target's {t.max_positions}")
+        dev, s = t.device, self._slots
+        ctx_t = torch.tensor(self._ctx, device=dev)  # [B]
+        cols = torch.arange(s + 1, device=dev)  # [S + 1]
+        visible = (cols[None, :] < ctx_t[:, None]) | (cols[None, :] == s)  # [B, S + 1]: own context, own new slot
+        ids = tokens.to(dev, torch.long)[:, None]  # [B, 1]
+        logits, feats = t.forward_rows(ids, self._additive(visible[:, None, :]), ctx_t[:, None], self._cache, feature_layers)
+        self._pending = 1
+        return BatchTargetOutput(logits=logits, features=feats)  # [B, 1, V], [B, 1, F]
+
+    @torch.inference_mode()
+    def commit_next(self) -> None:
+        """Move every row's new entry from slot ``S`` to slot ``ctx_i`` (one indexed copy per layer
+        buffer), then crop to the longest row."""
+        if self._pending != 1:
+            raise InvalidInputError("commit_next() needs the one-token block of forward_next() pending")
+        b, s = len(self._ctx), self._slots
+        dev = self.target.device
+        ctx_t = torch.tensor(self._ctx, device=dev)  # [B] destination slots
+        rows = torch.arange(b, device=dev)  # [B]
+        for layer in self._layers():
+            for buf in (layer.keys, layer.values):  # each [B, H_kv, S + 1, D], on its layer's device
+                r, c = rows.to(buf.device), ctx_t.to(buf.device)  # no-ops on a single device
+                buf[r, :, c] = buf[:, :, s].clone()  # [B, H_kv, D]; a row whose ctx_i == S rewrites itself
+        self._ctx = [ctx + 1 for ctx in self._ctx]
+        self._pending = 0
+        self._fit(s + 1)
+
+    @torch.inference_mode()
     def keep(self, rows: Sequence[int]) -> None:
         rows = list(rows)
         b = len(self._ctx)

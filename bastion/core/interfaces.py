@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPONENT_INTERFACES",
     "KINDS",
+    "BatchStepCosts",
     "BudgetController",
     "BudgetDecision",
     "Drafter",
@@ -192,6 +193,15 @@ class BudgetDecision:
     gain: float | None = field(default=None, kw_only=True)
 
 
+@frozen
+class BatchStepCosts:
+    """Measured seconds of a batched step outside its verify forward, at one batch size."""
+
+    overhead_s: float  # a speculative step's non-verify seconds besides drafting
+    draft_s: float  # drafting and tree building (not spent on a plain step)
+    plain_s: float  # a plain step's non-verify seconds
+
+
 class BudgetController(abc.ABC):
     """Chooses how many nodes of the best-first tree to verify this step, and whether to draft at all.
 
@@ -212,6 +222,16 @@ class BudgetController(abc.ABC):
 
     def observe(self, outcome: StepFeedback) -> None:  # noqa: B027 - optional hook
         """What the step just verified realized (online calibration)."""
+
+    def begin_batch(self, sampling: SamplingConfig, batch_size: int) -> None:
+        """A batch of ``batch_size`` sequences starts (the default: :meth:`begin`)."""
+        self.begin(sampling)
+
+    def speculate_batch(self, context_lens: Sequence[int], latency: LatencyModel, costs: BatchStepCosts) -> bool:
+        """Whether this batched step drafts, for rows with ``context_lens``; ``costs`` are the measured
+        non-verify seconds of a speculative and of a plain step at this batch size. Called once per
+        batched step, before :meth:`decide_width`. The default: :meth:`speculate`."""
+        return self.speculate()
 
     @abc.abstractmethod
     def choose(
@@ -282,6 +302,23 @@ class Verifier(abc.ABC):
         return [
             self.verify(tree, logits[i, : len(tree)], sampling[i], generators[i]) for i, tree in enumerate(trees)
         ]
+
+    def next_tokens(
+        self,
+        roots: Sequence[int],
+        logits: torch.Tensor,
+        sampling: Sequence[SamplingConfig],
+        generators: Sequence[torch.Generator | None],
+    ) -> list[int]:
+        """A plain batched step: row i verified its root ``roots[i]`` alone, ``logits`` FloatTensor[B, V]
+        are the target's logits after it; return each row's next token (the bonus token of a one-node
+        tree), ``sampling[i]`` and ``generators[i]`` as in :meth:`verify_batch`.
+
+        The default runs :meth:`verify_batch` on one-node trees; override it to skip building B trees
+        and verdicts per step (the ``exact`` verifier takes one argmax and one host transfer)."""
+        device = logits.device
+        trees = [Tree.from_parents(torch.tensor([int(r)], device=device), [-1]) for r in roots]
+        return [v.bonus_token for v in self.verify_batch(trees, logits[:, None], sampling, generators)]
 
 
 #: the one table of component kinds: kind name -> the interface its components implement (hook

@@ -14,6 +14,7 @@ from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 import attrs
 import torch
 
+from bastion.core.batch_costs import BatchCosts
 from bastion.core.candidates import CandidateTree, check_pairing
 from bastion.core.chat import chat_ids, user_turn
 from bastion.core.checks import check_greedy_verdict, check_int, check_marginals, check_tokenizer, check_verdict
@@ -137,8 +138,7 @@ class Pipeline:
             torch.zeros(1, dtype=torch.long, device=dev),
             torch.zeros(1, dtype=torch.float32, device=dev),
         )
-        self._batch_draft_s = 0.0  # running means of a batched step's drafting and other non-verify seconds
-        self._batch_other_s = 0.0
+        self._batch_costs = BatchCosts()  # batched steps' measured non-verify seconds, per batch size
         if self.drafter.proposes is not None:  # a declared proposal kind is checked now, else at the first step
             check_pairing(self.tree_builder, self.drafter.proposes, self.drafter)
         self._other_s = 0.0  # running non-draft, non-verify seconds of a speculative step (0: none yet)
@@ -511,7 +511,8 @@ class Pipeline:
 
         All rows decode together (:mod:`bastion.core.batch`): one target forward and one drafter call
         per step, one tree width for the whole batch chosen by the budget controller; finished rows
-        leave the batch. A target without batched state decodes the rows one after another."""
+        leave the batch. One prompt decodes through :meth:`generate` (the same tokens; a batch of one
+        costs what one sequence costs). A target without batched state decodes the rows one after another."""
         prompts = prompt_rows(prompts)
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise InvalidInputError("prompts must be a non-empty list of token-id sequences")
@@ -533,10 +534,10 @@ class Pipeline:
         seeds = [None if seed is None else seed + i for i in range(len(rows))]
         from bastion.core.batch import decode_batch  # the batched loop builds on this module
 
-        batched = decode_batch(self, rows, max_new_tokens, sampling, seeds, stop_on_eos)
+        batched = None if len(rows) == 1 else decode_batch(self, rows, max_new_tokens, sampling, seeds, stop_on_eos)
         if batched is not None:
             return batched
-        results = []  # a target without batched state: one row after another
+        results = []  # one prompt (the single-sequence loop), or a target without batched state: row by row
         for i, ids in enumerate(rows):
             row_seed = None if seed is None else int(seed) + i
             results.append(

@@ -17,6 +17,8 @@ Verifiers receive the uniforms of a step's nodes in :attr:`SamplingConfig.unifor
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import attrs
 import torch
 from attrs import field, frozen
@@ -28,6 +30,7 @@ from bastion.core.types import SamplingConfig
 __all__ = [
     "processed_log_probs",
     "sample_tokens",
+    "sample_rows",
     "inverse_cdf_sample",
     "position_uniforms",
     "PositionalStream",
@@ -108,6 +111,23 @@ def processed_log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     return torch.log_softmax(x, dim=-1)
+
+
+def sample_rows(
+    logits: torch.Tensor, sampling: Sequence[SamplingConfig], generators: Sequence[torch.Generator | None]
+) -> torch.Tensor:
+    """One token per row of ``logits`` [B, V] -> LongTensor[B], row i with ``sampling[i]`` (its
+    ``uniforms``, when set, hold one value: [1] or a scalar) and ``generators[i]``: one argmax for the
+    whole batch when every row is greedy, else row by row, each row's draw exactly what
+    :func:`sample_tokens` gives for that row as a one-node tree ``[1, V]``."""
+    if all(s.greedy for s in sampling):
+        return logits.argmax(dim=-1)
+    out = []
+    for i, (s, g) in enumerate(zip(sampling, generators, strict=True)):
+        if s.uniforms is not None and s.uniforms.dim() == 0:
+            s = attrs.evolve(s, uniforms=s.uniforms.reshape(1))
+        out.append(sample_tokens(logits[i : i + 1], s, g))  # [1]
+    return torch.cat(out)
 
 
 def sample_tokens(

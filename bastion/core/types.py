@@ -266,6 +266,9 @@ class StepFeedback:
     context_len: int
     verify_s: float
     overhead_s: float
+    #: rows of the batched step this came from (a plain batched step sends one feedback for the batch,
+    #: its seconds the whole step's; a speculative one sends one per row)
+    batch_size: int = 1
 
     @property
     def accepted(self) -> int:

@@ -22,7 +22,7 @@ import torch
 
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import Verifier
-from bastion.core.sampling import sample_tokens
+from bastion.core.sampling import sample_rows, sample_tokens
 from bastion.core.sync import to_host
 from bastion.core.tree import Tree
 from bastion.core.types import SamplingConfig, Verdict
@@ -82,6 +82,20 @@ class ExactVerifier(Verifier):
             )
         choices = to_host(logits.argmax(dim=-1), "verify")  # [B][W], the one host transfer of the step
         return [_verdict(tree, row) for tree, row in zip(trees, choices)]
+
+
+    def next_tokens(
+        self,
+        roots: Sequence[int],
+        logits: torch.Tensor,
+        sampling: Sequence[SamplingConfig],
+        generators: Sequence[torch.Generator | None],
+    ) -> list[int]:
+        """A plain batched step: each row's own choice from ``logits`` [B, V] (one argmax when greedy,
+        else each row's draw from its stream) and one host transfer; no trees, no verdicts."""
+        if logits.dim() != 2 or logits.shape[0] != len(roots):
+            raise InvalidInputError(f"logits must be [B, V] with B = {len(roots)} rows, got {tuple(logits.shape)}")
+        return to_host(sample_rows(logits, sampling, generators), "verify")  # [B]
 
 
 def _verdict(tree: Tree, choices: list[int]) -> Verdict:

@@ -38,6 +38,7 @@ class DFlashDraftBatch(DraftBatch):
         self._values: list[torch.Tensor] = []
         self._lens = [0] * len(contexts)  # projected positions per row
         self._pending: list[list[torch.Tensor]] = [[] for _ in contexts]  # committed features not yet projected
+        self._plain: list[torch.Tensor] = []  # plain steps' features since, each [B, F]: after every pending row entry
         for i, context in enumerate(contexts):
             feats = context.features
             if feats is None:
@@ -50,7 +51,7 @@ class DFlashDraftBatch(DraftBatch):
 
     # ---------------------------------------------------------------- interface
     def committed(self, row: int) -> int:
-        return self._lens[row] + sum(int(f.shape[0]) for f in self._pending[row])
+        return self._lens[row] + sum(int(f.shape[0]) for f in self._pending[row]) + len(self._plain)
 
     @torch.inference_mode()
     def propose(self, steps: Sequence[DraftStep]) -> list[Marginals]:
@@ -87,6 +88,7 @@ class DFlashDraftBatch(DraftBatch):
     def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor | None]) -> None:
         if len(tokens) != len(self._lens) or len(features) != len(self._lens):
             raise InvalidInputError(f"commit needs tokens and features for each of the {len(self._lens)} rows")
+        self._fold_plain()
         for i, (tok, feat) in enumerate(zip(tokens, features)):
             if feat is None:
                 raise InvalidInputError(f"row {i}: the DFlash drafter needs the committed positions' target features")
@@ -94,10 +96,20 @@ class DFlashDraftBatch(DraftBatch):
                 raise InvalidInputError(f"row {i}: commit got {tok.shape[0]} tokens but {feat.shape[0]} feature rows")
             self._pending[i].append(feat)
 
+    def commit_next(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
+        """A plain step's features [B, F], kept as one tensor (no per-row work) until the next proposal."""
+        b = len(self._lens)
+        if features is None:
+            raise InvalidInputError("the DFlash drafter needs the committed positions' target features")
+        if tokens.shape != (b,) or features.dim() != 2 or features.shape[0] != b:
+            raise InvalidInputError(f"commit_next needs tokens [{b}] and features [{b}, F], got {tuple(tokens.shape)} and {tuple(features.shape)}")
+        self._plain.append(features)
+
     def keep(self, rows: Sequence[int]) -> None:
         rows = list(rows)
         if rows == list(range(len(self._lens))):
             return
+        self._fold_plain()
         if self._keys:
             idx = torch.tensor(rows, device=self._keys[0].device)
             self._keys = [k.index_select(0, idx) for k in self._keys]
@@ -106,8 +118,18 @@ class DFlashDraftBatch(DraftBatch):
         self._pending = [self._pending[r] for r in rows]
 
     # ---------------------------------------------------------------- cache
+    def _fold_plain(self) -> None:
+        """Append the stacked plain-step features to each row's pending list (keeps their order)."""
+        if not self._plain:
+            return
+        stacked = torch.stack(self._plain, dim=1)  # [B, P, F]
+        for i, pending in enumerate(self._pending):
+            pending.append(stacked[i])
+        self._plain = []
+
     def _flush(self, device: torch.device) -> None:
         """Project every row's pending features in one call and write them at each row's tail."""
+        self._fold_plain()
         counts = [sum(int(f.shape[0]) for f in p) for p in self._pending]
         width = max(counts)
         if width == 0:
