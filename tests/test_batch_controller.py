@@ -17,7 +17,9 @@ import bastion
 from bastion.controllers.budget import BastionController, FixedController
 from bastion.controllers.latency.roofline import RooflineLatency
 from bastion.core.hf_target import HFTarget
-from bastion.core.interfaces import LatencyModel
+from bastion.core.batch_costs import CostBySize
+from bastion.core.interfaces import BatchStepCosts, LatencyModel
+from bastion.core.types import SamplingConfig
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_config, tiny_model
 
@@ -150,3 +152,88 @@ def test_roofline_prices_weights_once_per_batch_and_work_per_token():
         lat.observe_batch(4, [50] * 4, 10 * before)  # the machine is 10x slower than the prior says
     after = float(lat.predict_batch(torch.tensor([4]), [50] * 4)[0])
     assert after == pytest.approx(10 * before, rel=0.2)
+
+
+class _SmallBatchesPay(LatencyModel):
+    """Verification flat in W up to two rows, then priced per row and slot: speculation pays only for
+    batches of at most two rows."""
+
+    def predict(self, n_tokens: int, context_len: int) -> float:
+        return 1e-2
+
+    def observe(self, n_tokens: int, context_len: int, seconds: float) -> None:
+        pass
+
+    def predict_batch(self, widths: torch.Tensor, context_lens: Sequence[int]) -> torch.Tensor:
+        b = len(context_lens)
+        per = 0.0 if b <= 2 else 1e-2
+        return torch.tensor([1e-2 + per * b * (int(w) - 1) for w in widths.tolist()], dtype=torch.float64)
+
+    def observe_batch(self, width: int, context_lens: Sequence[int], seconds: float) -> None:
+        pass
+
+
+_COSTS = BatchStepCosts(overhead_s=1e-4, draft_s=1e-3, plain_s=1e-4)
+_GOOD_ROWS = [[0.05] * 11] * 8  # rows whose drafts are mostly accepted
+
+
+def _primed(rows: int) -> BastionController:
+    """A controller that has seen one speculative batch of ``rows`` rows (its acceptance curve)."""
+    c = BastionController(calibration=False)
+    c.begin_batch(SamplingConfig(), rows)
+    assert c.speculate_batch([10] * rows, _SmallBatchesPay(), _COSTS)  # no acceptance seen yet: the first probe drafts
+    c.decide_width(_row_scores(_GOOD_ROWS[:rows]), [10] * rows, _SmallBatchesPay(), _COSTS.overhead_s, _COSTS.draft_s)
+    return c
+
+
+def test_a_probe_predicted_not_to_pay_is_skipped_until_the_backoff_reaches_its_cap():
+    c = _primed(8)  # at 8 rows W = 1 wins: the gate switched off
+    assert not c.gate.speculating and c.row_curve is not None
+    c.begin_batch(SamplingConfig(), 8)
+    plain = 0
+    while not c.speculate_batch([10] * 8, _SmallBatchesPay(), _COSTS):
+        plain += 1
+        assert plain < 1000
+    assert c.gate.backoff == c.gate.max_backoff  # every earlier probe was predicted to lose and skipped
+    assert plain >= 4 + 8 + 16 + 32  # the back-off grew through the skipped probes
+    # a batch size never seen starts from the prediction too: skipped at once when it cannot pay
+    c.begin_batch(SamplingConfig(), 16)
+    assert not c.speculate_batch([10] * 16, _SmallBatchesPay(), _COSTS)
+
+
+def test_a_batch_predicted_to_pay_drafts_and_a_shrinking_batch_probes_at_once():
+    c = _primed(8)
+    c.begin_batch(SamplingConfig(), 2)  # a new size where speculation is predicted to pay: draft
+    assert c.speculate_batch([10] * 2, _SmallBatchesPay(), _COSTS)
+    c = _primed(8)  # switched off at 8 rows, waiting out the back-off
+    assert c.gate.wait > 0
+    assert not c.speculate_batch([10] * 8, _SmallBatchesPay(), _COSTS)
+    assert not c.speculate_batch([10] * 5, _SmallBatchesPay(), _COSTS)  # rows left, still predicted to lose
+    assert c.speculate_batch([10] * 2, _SmallBatchesPay(), _COSTS)  # down to two rows: probe now
+
+
+def test_gate_state_is_kept_per_batch_size_and_apart_from_single_sequences():
+    c = _primed(8)
+    assert not c.gate.speculating
+    c.begin_batch(SamplingConfig(), 3)
+    assert c.gate.speculating  # another batch size starts fresh
+    c.begin(SamplingConfig())
+    assert c.gate.speculating  # and so does a single sequence
+    c.begin_batch(SamplingConfig(), 8)
+    assert not c.gate.speculating and c.gate.wait > 0  # 8 rows continue their own back-off
+
+
+@given(a=st.floats(0.0, 1e-2), b=st.floats(0.0, 1e-3), sizes=st.lists(st.integers(1, 64), min_size=2, max_size=6, unique=True))
+def test_costs_by_batch_size_are_exact_where_seen_and_a_nonnegative_fit_elsewhere(a, b, sizes):
+    costs = CostBySize()
+    assert costs(4) == 0.0
+    for s in sizes:
+        costs.observe(s, a + b * s)
+    for s in sizes:
+        assert costs(s) == pytest.approx(a + b * s)
+    for s in (1, 3, 100):
+        assert costs(s) >= 0.0
+        assert costs(s) == pytest.approx(a + b * s, rel=1e-6, abs=1e-12)  # exact data: the fit recovers the law
+    one = CostBySize()
+    one.observe(8, 4e-3)
+    assert one(16) == pytest.approx(8e-3) and one(2) == pytest.approx(1e-3)  # one size seen: proportional to B

@@ -77,3 +77,28 @@ def test_dflash_batch_decodes_every_row_as_alone(pair, controller):
     prompts = _prompts()
     for p, res in zip(prompts, pipe.generate_batch(prompts, max_new_tokens=12)):
         assert res.tokens == pipe.generate(p[None], max_new_tokens=12).tokens
+
+
+def test_plain_steps_stacked_by_commit_next_propose_what_per_row_commits_propose(pair):
+    target, drafter = pair
+    prompts = _prompts()
+    state, pre = target.open_batch(prompts, drafter.feature_layers)
+    contexts = [DraftContext(p, f) for p, f in zip(prompts, pre.features)]
+    stacked, per_row = drafter.open_batch(contexts), drafter.open_batch(contexts)
+    roots = pre.last_logits.argmax(-1)  # [B]
+    rows = list(range(len(prompts)))
+    for step in range(3):  # plain steps: one token and its features per row
+        out = state.forward_next(roots, drafter.feature_layers)
+        state.commit_next()
+        feats = out.features[:, 0]  # [B, F]
+        stacked.commit_next(roots, feats)
+        per_row.commit([roots[i : i + 1] for i in range(len(rows))], [feats[i : i + 1] for i in range(len(rows))])
+        roots = out.logits[:, 0].argmax(-1)
+        if step == 1:  # a row leaves while plain features are still pending
+            keep = [3, 0, 4, 1]
+            for s in (state, stacked, per_row):
+                s.keep(keep)
+            roots, rows = roots[keep], [rows[k] for k in keep]
+    steps = [DraftStep(root_token=int(r), context_len=c) for r, c in zip(roots, state.context_lens)]
+    for mine, ref in zip(stacked.propose(steps), per_row.propose(steps)):
+        torch.testing.assert_close(mine.log_probs, ref.log_probs, atol=1e-6, rtol=0)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import bastion
+from bastion.controllers.budget import BastionController
 from bastion.core.errors import InvalidInputError
 from bastion.core.hf_batch import HFTargetBatch
 from bastion.core.hf_target import HFTarget
@@ -52,11 +53,11 @@ def _controller(budget: int | None):
 
 def _pipeline(arch: str, builder: str, budget: int | None, noise: float = 0.6, target: Target | None = None, **kw) -> bastion.Pipeline:
     model = _model(arch)
+    kw.setdefault("budget_controller", _controller(budget))
     return bastion.Pipeline(
         target or HFTarget(model),
         NoisyOracleDrafter(model, block_size=6, noise=noise),
         tree_builder=builder,
-        budget_controller=_controller(budget),
         max_nodes=budget or 24,
         **kw,
     )
@@ -148,6 +149,19 @@ class _CheckedBatch(HFTargetBatch):
         super().commit(accepted_nodes)
         for i, (tree, nodes) in enumerate(zip(self.trees, accepted_nodes)):
             self.tokens[i].extend(tree.tokens[nodes].tolist())
+        self._check()
+
+    def forward_next(self, tokens, feature_layers=()):
+        self.next = tokens.tolist()
+        return super().forward_next(tokens, feature_layers)
+
+    def commit_next(self):  # a plain step
+        super().commit_next()
+        for i, tok in enumerate(self.next):
+            self.tokens[i].append(tok)
+        self._check()
+
+    def _check(self):
         for i, toks in enumerate(self.tokens):
             fresh = HFTarget(self.target.model)
             fresh.prefill(torch.tensor([toks]))
@@ -168,13 +182,25 @@ class _CheckedTarget(HFTarget):
         return state, state.prefill(prompts, feature_layers)
 
 
+class _SwitchingController(BastionController):
+    """Plain and speculative batched steps in turn (the bastion controller's decisions otherwise)."""
+
+    steps = 0
+
+    def speculate_batch(self, context_lens, latency, costs):
+        type(self).steps += 1
+        return type(self).steps % 2 == 0
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_each_rows_cache_equals_a_fresh_prefill_after_every_commit(arch):
     _CheckedBatch.checks = 0
-    pipe = _pipeline(arch, "best-first", 6, target=_CheckedTarget(_model(arch)))
+    pipe = _pipeline(arch, "best-first", 6, target=_CheckedTarget(_model(arch)), budget_controller=_SwitchingController())
     prompts = _prompts(arch, 4, shift=2)
     results = pipe.generate_batch(prompts, max_new_tokens=8)
     assert _CheckedBatch.checks >= 4 * 3
+    kinds = {s.drafted for r in results for s in r.steps}
+    assert kinds == {True, False}  # both the tree commit and the plain step's commit were checked
     for prompt, res in zip(prompts, results):
         assert res.tokens == _hf_reference(arch, tuple(prompt), 8)
 
