@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
+import attrs
 import torch
 
 from bastion.core.batching import BatchPrefill, DraftBatch, TargetBatch
@@ -84,8 +85,9 @@ def decode_batch(
     prefill_s = time.perf_counter() - t_start
     _start(rows, _first_tokens(pre, sampling, rows), eos, max_new_tokens)
     active = _retire(rows, (tb, drafts), t_start)
+    run = _Run(pipe, tb, drafts, max_new_tokens, sampling, eos)
     while active:
-        _step(pipe, active, tb, drafts, max_new_tokens, sampling, eos)
+        _step(run, active)
         active = _retire(active, (tb, drafts), t_start)
     pipe._sync()
     return _results(rows, max_new_tokens, prefill_s)
@@ -250,48 +252,42 @@ def _retire(rows: list[_Row], states: Sequence[TargetBatch | DraftBatch], t_star
     return [rows[k] for k in keep]
 
 
-def _step(
-    pipe: Pipeline,
-    rows: list[_Row],
-    tb: TargetBatch,
-    drafts: DraftBatch,
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    eos: frozenset[int],
-) -> None:
+@attrs.frozen
+class _Run:
+    """What every step of one batched decode shares."""
+
+    pipe: Pipeline
+    tb: TargetBatch
+    drafts: DraftBatch
+    max_new_tokens: int
+    sampling: SamplingConfig
+    eos: frozenset[int]
+
+
+def _step(run: _Run, rows: list[_Row]) -> None:
     """One batched step: speculative when the controller says drafting pays (and some row has room to
     draft), else plain."""
-    target, controller = pipe.target, pipe.budget_controller
+    pipe = run.pipe
     t0 = time.perf_counter()
-    ctxs = tb.context_lens
-    may_draft = any(
-        target.max_positions - ctx - 1 >= 1 and max_new_tokens - len(row.out) - 1 >= 1 for row, ctx in zip(rows, ctxs)
-    )
-    costs = pipe._batch_costs
-    b = len(rows)
-    if may_draft and controller.speculate_batch(ctxs, pipe.latency_model, BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b))):
-        _speculative_step(pipe, rows, tb, drafts, max_new_tokens, sampling, eos, t0, ctxs)
+    ctxs = run.tb.context_lens
+    limit = pipe.target.max_positions
+    may_draft = any(limit - ctx - 1 >= 1 and run.max_new_tokens - len(row.out) - 1 >= 1 for row, ctx in zip(rows, ctxs))
+    costs, b = pipe._batch_costs, len(rows)
+    step_costs = BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b))
+    if may_draft and pipe.budget_controller.speculate_batch(ctxs, pipe.latency_model, step_costs):
+        _speculative_step(run, rows, t0, ctxs)
     else:
-        _plain_step(pipe, rows, tb, drafts, max_new_tokens, sampling, eos, t0, ctxs)
+        _plain_step(run, rows, t0, ctxs)
 
 
-def _plain_step(
-    pipe: Pipeline,
-    rows: list[_Row],
-    tb: TargetBatch,
-    drafts: DraftBatch,
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    eos: frozenset[int],
-    t0: float,
-    ctxs: list[int],
-) -> None:
+def _plain_step(run: _Run, rows: list[_Row], t0: float, ctxs: list[int]) -> None:
     """The target alone: one forward over every row's root, each row's next token, and the drafter
     kept current from the features that forward produced; O(1) device work and host reads per step."""
+    pipe = run.pipe
     t1 = time.perf_counter()
-    tokens, feats = _plain_forward(tb, rows, ctxs, sampling, pipe.drafter.feature_layers, pipe.verifier.next_tokens)
+    tokens, feats = _plain_forward(run.tb, rows, ctxs, run.sampling, pipe.drafter.feature_layers, pipe.verifier.next_tokens)
     t2 = time.perf_counter()  # forward, commit and the read of its tokens
-    drafts.commit_next(torch.tensor([row.root for row in rows]), feats)
+    run.drafts.commit_next(torch.tensor([row.root for row in rows]), feats)
     t3 = time.perf_counter()
     b = len(rows)
     pipe._plain_steps += 1
@@ -304,22 +300,14 @@ def _plain_step(
             overhead_s=overhead, batch_size=b,
         )
     )
-    _record_plain(rows, tokens, ctxs, StageTimings(controller=t1 - t0, verify=t2 - t1, commit=t3 - t2), max_new_tokens, eos, pipe.target.max_positions)
+    timings = StageTimings(controller=t1 - t0, verify=t2 - t1, commit=t3 - t2)
+    _record_plain(rows, tokens, ctxs, timings, run.max_new_tokens, run.eos, pipe.target.max_positions)
     pipe._batch_costs.plain.observe(b, overhead + (time.perf_counter() - t3))  # records included
 
 
-def _speculative_step(
-    pipe: Pipeline,
-    rows: list[_Row],
-    tb: TargetBatch,
-    drafts: DraftBatch,
-    max_new_tokens: int,
-    sampling: SamplingConfig,
-    eos: frozenset[int],
-    t0: float,
-    ctxs: list[int],
-) -> None:
+def _speculative_step(run: _Run, rows: list[_Row], t0: float, ctxs: list[int]) -> None:
     """Draft every row, build each row's tree, one width for the batch, verify, accept, commit."""
+    pipe, tb, drafts, sampling, max_new_tokens = run.pipe, run.tb, run.drafts, run.sampling, run.max_new_tokens
     target, controller = pipe.target, pipe.budget_controller
     layers = pipe.drafter.feature_layers
     draft_temperature = 1.0 if sampling.greedy else sampling.temperature
@@ -369,7 +357,7 @@ def _speculative_step(
     timings = StageTimings(draft=t1 - t0, tree=t2 - t1, controller=t3 - t2, verify=t4 - t3, accept=t5 - t4, commit=t6 - t5)
     for row, tree, verdict, ctx in zip(rows, trees, verdicts, ctxs):
         committed = ctx + len(verdict.accepted_nodes)  # the next root sits at this position
-        emitted = _emit(row, verdict.emitted, committed, max_new_tokens, eos, target.max_positions)
+        emitted = _emit(row, verdict.emitted, committed, max_new_tokens, run.eos, target.max_positions)
         row.steps.append(
             StepRecord(
                 budget=len(tree),
