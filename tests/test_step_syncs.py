@@ -60,3 +60,37 @@ def test_the_counter_sees_host_reads_made_inside_it_only() -> None:
     to_host(x)
     assert counter.count == 2 and counter.sites == ["a", "b"]
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: its sync debug mode sees every wait")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_cuda_decode_step_waits_for_the_device_at_most_three_times(temperature: float) -> None:
+    """CUDA's own count: blocking host-to-device copies (a Python scalar written by indexing, a CPU index
+    tensor, ``torch.tensor(list, device=...)``) wait for the queued kernels too, so they count as well."""
+    import warnings
+
+    torch.manual_seed(0)
+    target = HFTarget(tiny_model("qwen3", seed=0).cuda())
+    cfg = DFlashConfig.for_target(target.config, num_layers=1, block_size=6, target_layer_ids=(0, 1), mask_token_id=255)
+    drafter = DFlashDrafter(DFlashDraftModel(cfg), device="cuda", dtype=torch.float32)
+    controller = bastion.registry.create("budget_controller", "fixed", budget=8)
+    pipe = bastion.Pipeline(target=target, drafter=drafter, budget_controller=controller)
+    prompt = torch.tensor([[5, 9, 12, 40]], device="cuda")
+    pipe.generate(prompt, max_new_tokens=4, temperature=temperature, seed=1)  # warm-up
+    per_step: list[int] = []
+    original = pipe._step
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                outcome = original(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        per_step.append(sum("synchroniz" in str(w.message).lower() for w in caught))
+        return outcome
+
+    pipe._step = counted  # type: ignore[method-assign]
+    pipe.generate(prompt, max_new_tokens=24, temperature=temperature, seed=1, stop_on_eos=False)
+    assert per_step and max(per_step) <= MAX_SYNCS_PER_STEP, per_step

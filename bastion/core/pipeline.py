@@ -31,7 +31,7 @@ from bastion.core.interfaces import (
 from bastion.core.registry import Registry, registry as default_registry
 from bastion.core.running import running_mean
 from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens, seeded_generator
-from bastion.core.sync import device_sync
+from bastion.core.sync import device_sync, to_device
 from bastion.core.target import Target
 from bastion.core.text import TextTracker, check_stop_strings
 from bastion.core.tree import HostTree, Tree
@@ -606,7 +606,8 @@ class Pipeline:
         nodes = verdict.accepted_nodes
         self.target.commit(nodes)
         if drafting:
-            self.drafter.commit(tree.tokens[nodes], None if out.features is None else out.features[nodes])
+            idx = to_device(nodes, torch.long, tree.tokens.device)  # a CPU index would copy with a sync
+            self.drafter.commit(tree.tokens[idx], None if out.features is None else out.features[idx])
         else:  # the drafter stays current from the features the plain forward already produced
             self.drafter.commit(tree.tokens, out.features)
         t6 = time.perf_counter()  # no sync: the next step's first host read absorbs queued commit work

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["SyncCounter", "count_syncs", "device_sync", "to_host"]
+__all__ = ["SyncCounter", "count_syncs", "device_sync", "to_device", "to_host"]
 
 
 class SyncCounter:
@@ -47,6 +47,14 @@ def to_host(tensor: torch.Tensor, why: str = "") -> Any:
     """``tensor.tolist()``: the one way a step reads device values on the host (one synchronisation)."""
     _note(why or "to_host")
     return tensor.tolist()
+
+
+def to_device(data: Any, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Host data (a list or a CPU tensor) as a tensor on ``device`` without waiting for the device: an
+    asynchronous copy (a blocking host-to-device copy waits for every queued kernel first, a hidden
+    synchronisation per call). The CPU source is staged by the driver at the call, so it may be freed."""
+    src = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+    return src.to(device=device, dtype=dtype, non_blocking=True)
 
 
 def device_sync(device: torch.device | str) -> None:

@@ -7,6 +7,8 @@ the first ``n`` nodes is always valid, and best-first builders make it the optim
 
 from __future__ import annotations
 
+import math
+
 import torch
 from attrs import field, frozen
 
@@ -108,14 +110,13 @@ class Tree:
     def ancestor_mask(self) -> torch.Tensor:
         """BoolTensor[n, n]: ``mask[i, j]`` is True iff node j is node i or one of its ancestors."""
         n = len(self)
-        idx = torch.arange(n, device=self.device)
-        mask = torch.zeros(n, n, dtype=torch.bool, device=self.device)
-        mask[idx, idx] = True
-        cur = idx
+        # device ops only (no host scalar written by indexing: each such write is a blocking copy)
+        cur = torch.arange(n, device=self.device)  # [n]
+        mask = torch.eye(n, dtype=torch.bool, device=self.device)
         parents = self.parents.clamp(min=0)  # root points to itself; harmless since mask[i, 0] is True anyway
         for _ in range(self.max_depth):
             cur = parents[cur]  # [n], ancestor one level up (saturates at the root)
-            mask[idx, cur] = True
+            mask.scatter_(1, cur[:, None], True)
         return mask
 
     def position_ids(self, context_len: int) -> torch.Tensor:
@@ -150,6 +151,8 @@ class Tree:
 
     def accept_score(self) -> float:
         """A_hat(T) = sum of rho over the nodes (root included, so >= 1)."""
+        if self.host is not None:  # no device read
+            return math.fsum(math.exp(s) for s in self.host.log_scores)
         return float(self.log_scores.double().exp().sum().item())
 
     def validate(self, vocab_size: int | None = None) -> "Tree":

@@ -21,6 +21,7 @@ import torch
 
 from bastion.core.candidates import CandidateTree
 from bastion.core.interfaces import TreeBuilder
+from bastion.core.sync import to_device
 from bastion.core.tree import Tree
 from bastion.core.types import Marginals
 from bastion.trees.candidates import check_candidate_args, select_best_first
@@ -124,7 +125,7 @@ def threshold_candidates(
         limits.append(floor - above - _SLACK)
         above += top
     live = [0] + [d for d in range(1, len(best)) if limits[d] <= best[d]]  # depths that can hold a node
-    rows = log_probs.index_select(0, torch.tensor(live, device=log_probs.device))  # [L, V]
+    rows = log_probs.index_select(0, to_device(live, torch.long, log_probs.device))  # [L, V]
     picked = top_candidates(rows, len(live), k)  # one top-k, one host transfer
     values: list[list[float]] = [[] for _ in best]
     tokens: list[list[int]] = [[] for _ in best]

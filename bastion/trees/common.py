@@ -23,7 +23,7 @@ import torch
 from bastion.core.candidates import CandidateTree
 from bastion.core.checks import check_int
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.core.sync import to_host
+from bastion.core.sync import to_device, to_host
 from bastion.core.tree import HostTree, Tree
 from bastion.core.types import Marginals
 
@@ -119,10 +119,11 @@ def make_tree(
     """Pack host lists into a :class:`Tree` on ``device`` (tokens/parents/depths long, scores float32)."""
     scores_cpu = torch.tensor(scores, dtype=torch.float32)  # [n] rounded once: host and device agree
     host = HostTree(tuple(tokens), tuple(parents), tuple(depths), tuple(scores_cpu.tolist()))
+    fields = to_device([tokens, parents, depths], torch.long, device)  # [3, n], one asynchronous copy
     return Tree(
-        tokens=torch.tensor(tokens, dtype=torch.long, device=device),
-        parents=torch.tensor(parents, dtype=torch.long, device=device),
-        depths=torch.tensor(depths, dtype=torch.long, device=device),
-        log_scores=scores_cpu.to(device),
+        tokens=fields[0],
+        parents=fields[1],
+        depths=fields[2],
+        log_scores=to_device(scores_cpu, torch.float32, device),
         host=host,  # the step reads the shape from here, never back from the device
     )

@@ -15,6 +15,7 @@ import torch
 
 from bastion.core.batching import DraftBatch
 from bastion.core.errors import InvalidInputError
+from bastion.core.sync import to_device
 from bastion.core.types import DraftContext, DraftStep, Marginals
 from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
 
@@ -73,7 +74,7 @@ class DFlashDraftBatch(DraftBatch):
         lens = torch.tensor(self._lens, device=device)  # [B]
         longest = max(self._lens)
         block = torch.full((b, self.block_size), self.model.config.mask_token_id, dtype=torch.long, device=device)
-        block[:, 0] = torch.tensor([s.root_token for s in steps], device=device)  # [B, bs]
+        block[:, 0] = to_device([s.root_token for s in steps], torch.long, device)  # [B, bs]
         positions = lens[:, None] + torch.arange(self.block_size, device=device)  # [B, bs]
         visible = torch.arange(longest, device=device)[None] < lens[:, None]  # [B, C]
         past = ContextKV(tuple(k[:, :, :longest] for k in self._keys), tuple(v[:, :, :longest] for v in self._values))

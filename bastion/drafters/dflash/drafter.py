@@ -202,7 +202,7 @@ class DFlashDrafter(Drafter):
         self._flush(device)
         k = self.block_size - 1
         block = torch.full((1, self.block_size), self.config.mask_token_id, dtype=torch.long, device=device)
-        block[0, 0] = step.root_token
+        block[0, :1].fill_(int(step.root_token))  # a kernel argument: no host-to-device copy
         positions = torch.arange(committed, committed + self.block_size, device=device)  # [B]
         logits = self.model.block_logits(
             None,
