@@ -657,7 +657,7 @@ class Pipeline:
 
     def _root_tree(self, root: int) -> Tree:
         """The one-node tree of a plain step (its host copy attached: no device read)."""
-        return Tree(torch.tensor([root], device=self.target.device), *self._root_only, host=HostTree((root,), (-1,), (0,), (0.0,)))
+        return Tree(to_device([root], torch.long, self.target.device), *self._root_only, host=HostTree((root,), (-1,), (0,), (0.0,)))
 
     def _fit_proposal(self, proposal: Any, root: int, max_depth: int) -> Marginals | CandidateTree:
         """Check the proposal's kind against the tree builder and cut it to ``max_depth`` (never draft past
