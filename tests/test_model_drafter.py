@@ -9,11 +9,13 @@ import math
 
 import pytest
 import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 import bastion
 from bastion.core import CandidateTree, DraftContext, DraftStep, IncompatibleComponentsError, InvalidInputError
 from bastion.core.hf_target import HFTarget
-from bastion.drafters.model import ModelDrafter, predicted_gain, worth_expanding
+from bastion.drafters.model import ModelDrafter, pays_for_depth, predicted_gain, worth_expanding
 from bastion.testing import check_drafter
 from bastion.testing.tiny import tiny_model
 
@@ -240,6 +242,76 @@ def test_early_stop_rule_expands_only_depths_that_pay_for_their_cost():
     assert drafter.last_depth == 6
 
 
+_LOG_RHO = st.lists(st.floats(min_value=-9.0, max_value=0.0), max_size=30)
+
+
+@given(
+    _LOG_RHO,
+    st.lists(st.floats(min_value=-9.0, max_value=0.0), min_size=1, max_size=16),
+    st.integers(min_value=1, max_value=24),
+    st.floats(min_value=0.0, max_value=0.05),
+    st.floats(min_value=1e-5, max_value=0.05),
+    st.floats(min_value=1e-4, max_value=0.05),
+)
+def test_a_depth_pays_exactly_when_its_gain_per_second_beats_the_current_rate(scores, predicted, slots, draft_s, cost, rest_s):
+    # a planted controller that verifies its best `slots` candidates: S = A / (rest + draft)
+    def estimate(log_scores, seconds):
+        return sum(math.exp(s) for s in log_scores[: slots + 1]) / (rest_s + seconds)
+
+    a_now = 1.0 + sum(sorted((math.exp(s) for s in scores), reverse=True)[:slots])
+    a_next = 1.0 + sum(sorted((math.exp(s) for s in [*scores, *predicted]), reverse=True)[:slots])
+    gain_per_second, rate = (a_next - a_now) / cost, a_now / (rest_s + draft_s)
+    assume(abs(gain_per_second - rate) > 1e-6 * rate)  # no float ties
+    assert pays_for_depth(estimate, scores, predicted, slots, draft_s, cost) == (gain_per_second > rate)
+
+
+@pytest.mark.parametrize("rest_s", [1e-4, 3e-3, 0.03, 1.0])
+def test_drafter_expands_exactly_the_depths_whose_gain_per_second_beats_the_current_rate(rest_s):
+    cost = 0.004  # planted seconds per depth
+    drafter = ModelDrafter(_draft_model("qwen3"), depth=6, width=2, top_k=3, depth_cost_s=cost)
+    calls: list[tuple[float, float]] = []  # (A of the best 8 nodes, drafting seconds) per question
+
+    def estimate(log_scores, seconds):  # a planted controller verifying its best 8 nodes
+        a = sum(math.exp(s) for s in log_scores[:8])
+        calls.append((a, seconds))
+        return a / (rest_s + seconds)
+
+    drafter.begin(DraftContext(tokens=torch.tensor([3, 4, 5]), features=None))
+    drafter.propose(DraftStep(root_token=9, context_len=3, max_nodes=8, estimate_speedup=estimate))
+    assert drafter.depth_cost_s == cost  # planted: not overwritten by measurements
+    pays = []
+    for (a_now, d_now), (a_next, d_next) in zip(calls[::2], calls[1::2]):  # (now, after one more depth)
+        assert d_next == pytest.approx(d_now + cost)
+        pays.append((a_next - a_now) / cost > a_now / (rest_s + d_now))
+    expanded = drafter.last_depth - 1
+    assert pays[:expanded] == [True] * expanded  # every depth it fed paid
+    assert expanded == 5 or pays[expanded] is False  # and it stopped at the first that did not
+    assert len(pays) == expanded + (expanded < 5)
+
+
+def test_expanded_depths_grow_as_committed_tokens_get_dearer():
+    depths = []
+    for rest_s in (1e-4, 0.03, 1.0):
+        drafter = ModelDrafter(_draft_model("qwen3"), depth=6, width=2, top_k=3, depth_cost_s=0.004)
+        drafter.begin(DraftContext(tokens=torch.tensor([3, 4, 5]), features=None))
+        est = lambda scores, seconds, r=rest_s: sum(math.exp(s) for s in scores[:8]) / (r + seconds)  # noqa: E731
+        drafter.propose(DraftStep(root_token=9, context_len=3, max_nodes=8, estimate_speedup=est))
+        depths.append(drafter.last_depth)
+    assert depths[0] == 1 and depths[0] < depths[-1] and depths == sorted(depths)
+
+
+def test_depth_cost_estimate_recovers_from_a_stale_measurement_without_expanding():
+    drafter = ModelDrafter(_draft_model("qwen3"), depth=4, width=2, top_k=2)
+    drafter.begin(DraftContext(tokens=torch.tensor([3, 4, 5]), features=None))
+    drafter.depth_cost_s = 50.0  # one very slow measurement (a load spike, a cold first call)
+    est = lambda scores, seconds: sum(math.exp(s) for s in scores) / (1.0 + seconds)  # noqa: E731
+    drafter.propose(DraftStep(root_token=9, context_len=3, estimate_speedup=est))
+    assert drafter.last_depth == 1  # no depth can pay 50 s
+    for _ in range(40):  # the root's forward is measured every step
+        drafter.propose(DraftStep(root_token=9, context_len=3, estimate_speedup=est))
+    assert drafter.depth_cost_s < 0.5 and drafter.last_depth > 1
+
+
 def test_pipeline_passes_depth_budget_and_token_cost_to_the_drafter():
     arch = "qwen3"
     seen: list[DraftStep] = []
@@ -250,6 +322,8 @@ def test_pipeline_passes_depth_budget_and_token_cost_to_the_drafter():
     pipe.generate(torch.tensor([_prompts(arch)[1]]), max_new_tokens=8)
     assert all(s.max_nodes == 10 and s.max_depth is not None and s.max_depth <= 6 for s in seen)
     assert seen[0].seconds_per_token is None and all(s.seconds_per_token > 0 for s in seen[1:])
+    # the controller's own objective travels with every step
+    assert all(isinstance(s.estimate_speedup([0.0, -0.1, -0.5], 0.001), float) for s in seen)
 
 
 def test_pairing_a_candidate_drafter_with_a_marginals_only_builder_fails_at_assembly():

@@ -34,7 +34,7 @@ from bastion.core.checks import check_int, check_number, options_object, predict
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import BatchStepCosts, BudgetController, BudgetDecision, LatencyModel
 from bastion.core.running import running_mean
-from bastion.core.types import SamplingConfig, StepFeedback
+from bastion.core.types import SamplingConfig, SpeedupEstimator, StepFeedback
 
 __all__ = ["BastionController", "BastionDecision", "FixedController", "batch_accept_curve"]
 
@@ -252,6 +252,13 @@ class BastionController(BudgetController):
     def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
         return self.decide(log_scores, context_len, latency, overhead_s).n
 
+    def _pick(self, speedup: np.ndarray) -> int:
+        """Index of the chosen size in the candidate sizes, from their predicted S(n) [N]."""
+        if self.rule == "scan":
+            return int(np.argmax(speedup))
+        drops = speedup[1:] < speedup[:-1]  # drops[j]: S falls from cand[j] to cand[j + 1]
+        return int(np.argmax(drops)) if drops.any() else speedup.shape[0] - 1
+
     def decide(
         self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float
     ) -> BudgetDecision:
@@ -264,11 +271,7 @@ class BastionController(BudgetController):
         a_cal = np.cumsum(self.accept_rates(scores))[cand - 1]  # [N] A_cal(T_n)
         cost = overhead + t_verify[1:]  # [N] seconds per step
         speedup = a_cal * (t_verify[0] / cost)  # [N] S(n)
-        if self.rule == "scan":
-            k = int(np.argmax(speedup))
-        else:
-            drops = speedup[1:] < speedup[:-1]  # drops[j]: S falls from cand[j] to cand[j + 1]
-            k = int(np.argmax(drops)) if drops.any() else cand.size - 1
+        k = self._pick(speedup)
         n = int(cand[k])
         # against a plain step (no draft); drafting then verifying the root alone never beats it
         plain = t_verify[0] / (t_verify[0] + self.plain_overhead_s)
@@ -283,6 +286,26 @@ class BastionController(BudgetController):
             calibrated_accept=float(a_cal[k]),
             gain=gain,
         )
+
+    def speedup_estimator(self, context_len: int, latency: LatencyModel, overhead_s: float) -> SpeedupEstimator:
+        """S(n) of the size :meth:`decide` would choose, for candidates still being drafted (see
+        :meth:`BudgetController.speedup_estimator`): the same calibrated acceptance, latency model and
+        overhead (``overhead_s`` plus the drafting seconds), without touching the gate. The verify times
+        are predicted once per tree size seen."""
+        base = _check_overhead(overhead_s) + self.extra_overhead_s
+        times: dict[int, np.ndarray] = {}
+
+        def estimate(log_scores: Sequence[float], draft_s: float) -> float:
+            scores = np.asarray(log_scores, dtype=np.float64)  # [n] log rho, root first
+            sizes, sizes_t = self._sizes(scores.shape[0])
+            t_verify = times.get(scores.shape[0])
+            if t_verify is None:  # [N + 1] seconds; [0] is n = 1
+                t_verify = times[scores.shape[0]] = predict_checked(latency, sizes_t, context_len).numpy()
+            a_cal = np.cumsum(self.accept_rates(scores))[sizes[1:] - 1]  # [N]
+            speedup = a_cal * (t_verify[0] / (base + draft_s + t_verify[1:]))  # [N] S(n)
+            return float(speedup[self._pick(speedup)])
+
+        return estimate
 
     # ------------------------------------------------------------------ batches
     def decide_width(
@@ -357,6 +380,22 @@ class FixedController(BudgetController):
             cost = _check_overhead(overhead_s) + float(times[1])
             return BudgetDecision(n, a_hat * float(times[0]) / cost, predicted_accept=a_hat, predicted_cost_s=cost)
         return BudgetDecision(n)
+
+    def speedup_estimator(self, context_len: int, latency: LatencyModel, overhead_s: float) -> SpeedupEstimator:
+        """The predicted speedup of verifying the first ``min(budget, n)`` of ``n`` candidates (see
+        :meth:`BudgetController.speedup_estimator`): A_hat over ``overhead_s`` + drafting + verify time."""
+        base = _check_overhead(overhead_s)
+        times: dict[int, np.ndarray] = {}
+
+        def estimate(log_scores: Sequence[float], draft_s: float) -> float:
+            n = min(self.budget, len(log_scores))
+            t = times.get(n)
+            if t is None:  # [2] seconds of n = 1 and n
+                t = times[n] = predict_checked(latency, torch.tensor([1, n]), context_len).numpy()
+            a_hat = float(np.exp(np.asarray(log_scores[:n], dtype=np.float64)).sum())
+            return a_hat * float(t[0]) / (base + draft_s + float(t[1]))
+
+        return estimate
 
     def decide_width(
         self,

@@ -18,7 +18,7 @@ from attrs import field, frozen
 
 from bastion.core.candidates import CandidateTree
 from bastion.core.tree import Tree
-from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, StepFeedback, Verdict
+from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, SpeedupEstimator, StepFeedback, Verdict
 
 if TYPE_CHECKING:
     from bastion.core.batching import DraftBatch
@@ -246,6 +246,17 @@ class BudgetController(abc.ABC):
         """:meth:`choose` with its predictions, as a typed :class:`BudgetDecision` (the default wraps
         :meth:`choose` and predicts nothing)."""
         return BudgetDecision(self.choose(log_scores, context_len, latency, overhead_s))
+
+    def speedup_estimator(self, context_len: int, latency: LatencyModel, overhead_s: float) -> SpeedupEstimator | None:
+        """This controller's objective for a tree that is still being drafted, so that a drafter whose work
+        grows with the tree (an autoregressive drafter's forward per depth) stops where the controller
+        would: a function ``(log_scores, draft_s) -> speedup``, the speedup :meth:`decide` would predict
+        for its choice among candidates of log rho ``log_scores`` (a sequence of floats, root first,
+        non-increasing, as best-first orders them) at ``context_len`` when drafting took ``draft_s``
+        seconds on top of ``overhead_s``. Calling it must not change the controller's state.
+
+        The default offers none (``None``); such drafters fall back to ``DraftStep.seconds_per_token``."""
+        return None
 
     def decide_width(
         self,

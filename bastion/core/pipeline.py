@@ -577,6 +577,8 @@ class Pipeline:
                     max_depth=max_depth,
                     max_nodes=self.max_nodes,
                     seconds_per_token=self._seconds_per_token or None,
+                    # the controller's own objective: an autoregressive drafter expands while it rises
+                    estimate_speedup=self.budget_controller.speedup_estimator(ctx, self.latency_model, self._other_s),
                 )
             )
             proposal = self._fit_proposal(proposal, root, max_depth)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Literal
+from typing import Callable, Literal, Sequence
 
 import attrs
 import torch
@@ -21,6 +21,7 @@ __all__ = [
     "SamplingConfig",
     "DraftContext",
     "DraftStep",
+    "SpeedupEstimator",
     "TargetOutput",
     "Verdict",
     "StageTimings",
@@ -177,6 +178,16 @@ class DraftStep:
     #: per-depth forwards) stops when the next piece of work gains fewer tokens than its cost buys at this
     #: rate: the controller's marginal-gain-per-second rule.
     seconds_per_token: float | None = None
+    #: the budget controller's own objective for a tree still being drafted (None: the controller offers
+    #: none; see :meth:`BudgetController.speedup_estimator`). ``estimate_speedup(log_scores, draft_s)`` is
+    #: the speedup the controller would predict for its choice among candidates of log rho ``log_scores``
+    #: (root first, non-increasing) if drafting took ``draft_s`` seconds: a drafter whose work grows with
+    #: the tree does the next piece only when the estimate after it beats the estimate without it.
+    estimate_speedup: "SpeedupEstimator | None" = field(default=None, eq=False)
+
+
+#: ``(log_scores, draft_s) -> predicted speedup``: see :attr:`DraftStep.estimate_speedup`
+SpeedupEstimator = Callable[[Sequence[float], float], float]
 
 
 @frozen

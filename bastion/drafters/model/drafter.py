@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bastion.core.candidates import CandidateTree
+from bastion.core.checks import check_number
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import Drafter
 from bastion.core.types import DraftContext, DraftStep
 from bastion.drafters.dtypes import as_dtype
 from bastion.drafters.model.cache import DraftKV
-from bastion.drafters.model.stopping import predicted_gain, worth_expanding
+from bastion.drafters.model.stopping import pays_for_depth, predicted_children, predicted_gain, worth_expanding
 
 if TYPE_CHECKING:
     from bastion.core.target import Target
@@ -80,7 +81,8 @@ class ModelDrafter(Drafter):
 
     Options: ``checkpoint`` (local dir, hub id or a loaded model), ``depth`` (most draft depths, default
     8), ``width`` (frontier nodes expanded per depth, default 4), ``top_k`` (children per expanded node,
-    default 4), ``early_stop`` (apply the gain-per-second rule, default True), ``device`` (default: the
+    default 4), ``early_stop`` (apply the gain-per-second rule, default True), ``depth_cost_s`` (seconds
+    one expansion depth costs, when known; default: measured, a running mean), ``device`` (default: the
     target's at bind), ``dtype`` (default float32; ``None`` keeps the checkpoint's).
     """
 
@@ -94,6 +96,7 @@ class ModelDrafter(Drafter):
         width: int = 4,
         top_k: int = 4,
         early_stop: bool = True,
+        depth_cost_s: float | None = None,
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = torch.float32,
     ) -> None:
@@ -109,8 +112,12 @@ class ModelDrafter(Drafter):
         self._tokens: list[int] = []  # committed tokens whose keys/values are in the cache
         self._pending: list[int] = []  # committed tokens still to run through the model
         self._last: tuple[int, list[dict[int, int]], list[int]] | None = None  # root, children, slots
-        #: running seconds of one expansion forward (measured; None until the first one)
-        self.depth_cost_s: float | None = None
+        #: seconds of one expansion depth: its forward and the bookkeeping of its children (a running
+        #: mean of measurements, None until the first one; fixed when given to the constructor). The
+        #: root's forward is the same work and is measured every step (unless it also runs more queued
+        #: tokens than a depth feeds), so the estimate stays current while the rule expands nothing.
+        self.depth_cost_s: float | None = None if depth_cost_s is None else check_number("depth_cost_s", depth_cost_s)
+        self._measure_depths = depth_cost_s is None
         #: depths the last proposal expanded (the root forward counts as one)
         self.last_depth = 0
 
@@ -194,6 +201,7 @@ class ModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, step: DraftStep) -> CandidateTree:
+        t_start = time.perf_counter()
         root = int(step.root_token)
         if not 0 <= root < self._vocab:
             raise InvalidInputError(f"root token {root} lies outside the vocabulary [0, {self._vocab})")
@@ -219,6 +227,9 @@ class ModelDrafter(Drafter):
 
         # depth 0: queued committed tokens + the root, one causal chain
         chain = torch.tensor([*self._pending, root], dtype=torch.long)
+        # the root's forward measures a depth's cost too, unless it also catches up on many queued tokens
+        measure = self._measure_depths and chain.shape[0] <= self.width
+        t0 = time.perf_counter()
         logits = self._kv.chain(chain, len(self._pending))[-1:]  # [1, V]
         self._tokens.extend(self._pending)
         self._pending = []
@@ -230,22 +241,13 @@ class ModelDrafter(Drafter):
                 frontier = sorted((i for i in frontier if scores[i] != float("-inf")), key=lambda i: -scores[i])[: self.width]
                 if not frontier:
                     break
-                if self.early_stop and d and not worth_expanding(
-                    predicted_gain(scores[1:], [scores[i] for i in frontier], profile, slots_left),
-                    step.seconds_per_token,
-                    self.depth_cost_s,
-                ):
+                if self.early_stop and not self._pays(step, scores, [scores[i] for i in frontier], profile, slots_left, t_start):
                     break
-                t0 = time.perf_counter()
+                t0, measure = time.perf_counter(), self._measure_depths
                 logits = self._feed(frontier, parents, tokens, slot_of, ancestors, fed_nodes, step.context_len + d)
-            else:
-                t0 = None
+                self.last_depth += 1
             vals, idx = torch.topk(torch.log_softmax(logits.float() / temperature, dim=-1), min(self.top_k, self._vocab), dim=-1)
             packed = torch.stack((vals.double(), idx.double())).tolist()  # [2][w][k]: one host transfer
-            if t0 is not None:
-                cost = time.perf_counter() - t0
-                self.depth_cost_s = cost if self.depth_cost_s is None else (1 - _COST_EMA) * self.depth_cost_s + _COST_EMA * cost
-                self.last_depth += 1
             new_frontier: list[int] = []
             sums = [0.0] * len(packed[0][0])
             for node, row_v, row_t in zip(frontier, packed[0], packed[1]):
@@ -265,10 +267,31 @@ class ModelDrafter(Drafter):
                     new_frontier.append(c)
             profile = [s / len(frontier) for s in sums]
             frontier = new_frontier
+            if measure:  # forward, host read and bookkeeping of the depth (the root's too)
+                cost = time.perf_counter() - t0
+                self.depth_cost_s = cost if self.depth_cost_s is None else (1 - _COST_EMA) * self.depth_cost_s + _COST_EMA * cost
         self._last = (root, children, slot_of)
         return CandidateTree.from_lists(tokens, parents, log_q, self._kv.device)
 
     # ---------------------------------------------------------------- internals
+    def _pays(
+        self,
+        step: DraftStep,
+        scores: list[float],
+        frontier: list[float],
+        profile: list[float],
+        slots: int | None,
+        t_start: float,
+    ) -> bool:
+        """Whether the next depth pays for its cost: by the controller's own estimate when the pipeline
+        passes one, else by the pipeline's running seconds per token (:mod:`.stopping`)."""
+        if step.estimate_speedup is not None:
+            predicted = predicted_children(frontier, profile)
+            draft_s = time.perf_counter() - t_start
+            return pays_for_depth(step.estimate_speedup, scores[1:], predicted, slots, draft_s, self.depth_cost_s)
+        gain = predicted_gain(scores[1:], frontier, profile, slots)
+        return worth_expanding(gain, step.seconds_per_token, self.depth_cost_s)
+
     def _feed(
         self,
         frontier: list[int],
