@@ -34,13 +34,18 @@ def test_bastion_estimate_equals_the_speedup_decide_predicts_for_the_same_tree(l
 
 
 @given(_LOG_RHO, st.integers(min_value=1, max_value=20), st.floats(min_value=0.0, max_value=0.05))
-def test_fixed_estimate_equals_the_speedup_decide_predicts_for_the_same_tree(log_rho, budget, draft_s):
+def test_fixed_estimate_equals_decide_once_the_tree_holds_the_budget_and_prices_smaller_trees_at_it(log_rho, budget, draft_s):
     lat = FixedLatencyModel()
     ctl = FixedController(budget=budget)
     scores = _tree(log_rho)
     estimate = ctl.speedup_estimator(11, lat, 0.004)
-    decision = ctl.decide(torch.tensor(scores), 11, lat, 0.004 + draft_s)
-    assert estimate(scores, draft_s) == pytest.approx(decision.predicted_speedup, rel=1e-6)
+    if len(scores) >= budget:
+        decision = ctl.decide(torch.tensor(scores), 11, lat, 0.004 + draft_s)
+        assert estimate(scores, draft_s) == pytest.approx(decision.predicted_speedup, rel=1e-6)
+    else:  # all of a smaller tree, at the verify time of the budget it is growing toward
+        a_hat = sum(math.exp(s) for s in scores)
+        expected = a_hat * lat.predict(1, 11) / (0.004 + draft_s + lat.predict(budget, 11))
+        assert estimate(scores, draft_s) == pytest.approx(expected, rel=1e-6)
 
 
 def test_asking_the_estimate_leaves_gate_and_calibration_untouched():

@@ -383,17 +383,16 @@ class FixedController(BudgetController):
 
     def speedup_estimator(self, context_len: int, latency: LatencyModel, overhead_s: float) -> SpeedupEstimator:
         """The predicted speedup of verifying the first ``min(budget, n)`` of ``n`` candidates (see
-        :meth:`BudgetController.speedup_estimator`): A_hat over ``overhead_s`` + drafting + verify time."""
+        :meth:`BudgetController.speedup_estimator`): A_hat over ``overhead_s`` + drafting + the verify time
+        of ``budget`` nodes. A fixed controller verifies ``budget`` nodes whenever the tree holds them, so
+        a tree still growing toward the budget is priced at that size: the drafter fills it by the
+        acceptance each depth adds, whatever the latency model thinks of smaller verifies."""
         base = _check_overhead(overhead_s)
-        times: dict[int, np.ndarray] = {}
+        times = predict_checked(latency, torch.tensor([1, self.budget]), context_len).numpy()  # [2] n = 1, budget
 
         def estimate(log_scores: Sequence[float], draft_s: float) -> float:
-            n = min(self.budget, len(log_scores))
-            t = times.get(n)
-            if t is None:  # [2] seconds of n = 1 and n
-                t = times[n] = predict_checked(latency, torch.tensor([1, n]), context_len).numpy()
-            a_hat = float(np.exp(np.asarray(log_scores[:n], dtype=np.float64)).sum())
-            return a_hat * float(t[0]) / (base + draft_s + float(t[1]))
+            a_hat = float(np.exp(np.asarray(log_scores[: self.budget], dtype=np.float64)).sum())
+            return a_hat * float(times[0]) / (base + draft_s + float(times[1]))
 
         return estimate
 
