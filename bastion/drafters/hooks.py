@@ -18,5 +18,5 @@ def bastion_register_components(register: Register) -> None:
         "model",
         "bastion.drafters.model:ModelDrafter",
         description="autoregressive drafter: any causal LM with the target's vocabulary, candidate trees "
-        "(checkpoint=<dir, hub id or model>, depth=, width=, top_k=, device=, dtype=)",
+        "(checkpoint=<dir, hub id or model>, depth=, width=, top_k=, early_stop=, depth_cost_s=, device=, dtype=)",
     )
