@@ -263,9 +263,13 @@ def train_step(state: DrafterTraining, seqs: Sequence[DistillSequence], train_id
         anchors = _anchors(seq, cfg.anchors_per_seq, random.Random(f"{cfg.seed}:{step}:{j}"))
         last = n == len(slots) - 1  # DDP all-reduces on the last backward of the step only
         sync = contextlib.nullcontext() if last or not ctx.distributed else net.no_sync()  # type: ignore[operator]
+        # accumulation micro-steps run the bare drafter: under no_sync DDP's forward wrapper does
+        # nothing they need, at a cost per call; the last one goes through DDP, whose backward
+        # all-reduces the accumulated gradients
+        forward = net if last else model
         with sync, _autocast(device):
             feats = state.source.features(batch[j], seq, device)  # [1, L, F]
-            loss, _, _ = _block_loss(net, model, state.target, feats, seq, anchors, cfg.gamma)
+            loss, _, _ = _block_loss(forward, model, state.target, feats, seq, anchors, cfg.gamma)
             (loss * scale).backward()
         local += loss.detach().float()
         tokens += len(seq.ids)
