@@ -132,3 +132,45 @@ def test_calibrated_prediction_converges_to_the_realized_acceptance_of_an_over_c
     raw = sum(s.predicted_accept for s in late) / len(late)
     assert abs(calibrated - realized) / realized < 0.15, (calibrated, realized, raw)
     assert raw / realized > 1.4  # the planted over-confidence the calibration corrects
+
+
+@pytest.mark.parametrize("layers", [(), (0, 1)], ids=["no-features", "features"])
+def test_a_plain_step_asks_the_target_for_one_node_and_the_drafters_feature_layers_only(layers):
+    model = _model("qwen3")
+    drafter = NoisyOracleDrafter(model, block_size=4, noise=0.6, feature_layers=layers)
+    target = HFTarget(model)
+    ctrl = BastionController(gate=dict(margin=math.inf, min_backoff=40, max_backoff=40))
+    pipe = bastion.Pipeline(target, drafter, budget_controller=ctrl, max_nodes=8)
+    asked: list[tuple[int, tuple[int, ...], int | None]] = []
+    forward = target.forward_tree
+
+    def recording(tree, feature_layers=()):
+        out = forward(tree, feature_layers)
+        asked.append((len(tree), tuple(feature_layers), None if out.features is None else int(out.features.shape[-1])))
+        return out
+
+    target.forward_tree = recording
+    res = pipe.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=12, temperature=1.0, seed=3, stop_on_eos=False)
+    plain = [a for a, s in zip(asked, res.steps) if not s.drafted]
+    assert len(plain) >= 10  # the first step probes, then the gate waits 40 steps
+    assert all(n == 1 and fl == layers for n, fl, _ in plain), plain
+    width = None if not layers else len(layers) * model.config.hidden_size
+    assert all(f == width for *_, f in plain)  # no features at all when the drafter reads none
+    assert drafter.features_seen == (3 + len(res.tokens) - 1 if layers else 0)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 0.9)])
+def test_plain_steps_draw_the_same_seeded_tokens_as_the_ar_baseline_and_the_tree_path(temperature, top_k, top_p):
+    from bastion.bench.methods import ARDecoder
+    from bastion.testing.reference import sampling_reference
+
+    model = _model("qwen3")
+    ids = torch.tensor([[11, 42, 7, 99]])
+    want = sampling_reference(model, ids, 16, 77, temperature=temperature, top_k=top_k, top_p=top_p)
+    ar = ARDecoder(HFTarget(model)).generate(ids, 16, temperature, 77, top_k=top_k, top_p=top_p, stop_on_eos=False)
+    assert ar.tokens == want
+    drafter = NoisyOracleDrafter(model, block_size=5, noise=0.6, feature_layers=(0, 1))
+    pipe = bastion.Pipeline(HFTarget(model), drafter, budget_controller=BastionController(min_budget=3, gate=SWITCHING), max_nodes=12)
+    res = pipe.generate(ids, 16, temperature, 77, top_k=top_k, top_p=top_p, stop_on_eos=False)
+    assert res.tokens == want
+    assert {s.drafted for s in res.steps} == {True, False}

@@ -16,7 +16,7 @@ import bastion
 from bastion.core.errors import InvalidInputError
 from bastion.core.hf_target import HFTarget
 from bastion.core.interfaces import LatencyModel
-from bastion.core.sampling import PositionalStream, inverse_cdf_sample, position_uniforms
+from bastion.core.sampling import PositionalStream, at_position, inverse_cdf_sample, position_uniform, position_uniforms
 from bastion.core.types import SamplingConfig
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.reference import sampling_reference
@@ -42,6 +42,19 @@ def test_position_uniforms_equal_the_pure_python_splitmix64_stream(seed, positio
     got = position_uniforms(seed, torch.tensor(positions)).tolist()
     assert got == [_splitmix64(seed, p) for p in positions]
     assert all(0.0 <= u < 1.0 for u in got)
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**40))
+def test_host_uniform_of_one_position_equals_the_tensor_stream_bit_for_bit(seed, position):
+    assert position_uniform(seed, position) == float(position_uniforms(seed, torch.tensor(position)))
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**30), st.sampled_from([None, 1, 3]))
+def test_at_position_carries_the_positions_uniform_for_every_row(seed, position, rows):
+    got = at_position(SamplingConfig(temperature=0.7), PositionalStream(seed), position, rows=rows).uniforms
+    assert got.dtype == torch.float64 and tuple(got.shape) == (() if rows is None else (rows,))
+    want = position_uniforms(seed, torch.tensor(position))
+    assert torch.equal(got, want.expand(got.shape))
 
 
 def test_position_uniforms_are_uniform_and_differ_between_seeds():

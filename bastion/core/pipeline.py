@@ -45,6 +45,7 @@ from bastion.core.types import (
     StepFeedback,
     StepOutcome,
     StepRecord,
+    Verdict,
 )
 
 __all__ = ["Pipeline", "Prompt", "TextStream", "as_target", "prompt_rows", "resolve_drafter"]
@@ -58,7 +59,7 @@ _OVERHEAD_EMA = 0.2
 
 #: during a run of plain steps, one verify time in this many goes to the latency model (they all time
 #: n = 1, and every observation costs the model a little bookkeeping and, now and then, a refit)
-_PLAIN_LATENCY_EVERY = 8
+_PLAIN_LATENCY_EVERY = 32
 
 
 def _check_instance(kind: str, obj: Any) -> Any:
@@ -558,69 +559,55 @@ class Pipeline:
         drafting: bool = True,
     ) -> StepOutcome:
         """One decode step: speculative (draft, build, decide n, verify) when ``drafting`` and there is
-        room to draft, else plain (the target alone verifies the root: one token, no draft)."""
+        room to draft, else plain (:meth:`_plain_step`: the target alone verifies the root)."""
+        if not drafting or max_depth < 1:  # one token left to emit or no position to draft into: plain
+            return self._plain_step(root, ctx, sampling, generator, stream)
         layers = self.drafter.feature_layers
         t0 = time.perf_counter()
-        decision: BudgetDecision | None = None
-        drafting = drafting and max_depth >= 1  # one token left to emit or no position to draft into: plain
-        if not drafting:
-            tree = self._root_tree(root)
-            scores = tree.log_scores_cpu()
-            n = 1
-            t1 = t2 = t3 = time.perf_counter()
-        else:
-            proposal = self.drafter.propose(
-                DraftStep(
-                    root_token=root,
-                    context_len=ctx,
-                    temperature=draft_temperature,
-                    max_depth=max_depth,
-                    max_nodes=self.max_nodes,
-                    seconds_per_token=self._seconds_per_token or None,
-                    # the controller's own objective: an autoregressive drafter expands while it rises
-                    estimate_speedup=self.budget_controller.speedup_estimator(ctx, self.latency_model, self._other_s),
-                )
+        proposal = self.drafter.propose(
+            DraftStep(
+                root_token=root,
+                context_len=ctx,
+                temperature=draft_temperature,
+                max_depth=max_depth,
+                max_nodes=self.max_nodes,
+                seconds_per_token=self._seconds_per_token or None,
+                # the controller's own objective: an autoregressive drafter expands while it rises
+                estimate_speedup=self.budget_controller.speedup_estimator(ctx, self.latency_model, self._other_s),
             )
-            proposal = self._fit_proposal(proposal, root, max_depth)
-            t1 = time.perf_counter()
-            tree = self.tree_builder.build(proposal, root_token=root, max_nodes=self.max_nodes)
-            if self.validate_trees:
-                _validate_built(tree, root, self.target.vocab_size)
-            t2 = time.perf_counter()
-            scores = tree.log_scores_cpu()  # [n_max] from the builder's host copy: no device read
-            # the controller sees this step's real drafting cost (flat for block drafters, growing with
-            # depth for autoregressive ones) plus the usual other overhead
-            overhead = (t1 - t0) + self._other_s
-            decision = self.budget_controller.decide(scores, ctx, self.latency_model, overhead)
-            n = _checked_size(self.budget_controller, decision, len(tree))
-            tree = tree.truncate(n)
-            scores = scores[:n]
-            t3 = time.perf_counter()
+        )
+        proposal = self._fit_proposal(proposal, root, max_depth)
+        t1 = time.perf_counter()
+        tree = self.tree_builder.build(proposal, root_token=root, max_nodes=self.max_nodes)
+        if self.validate_trees:
+            _validate_built(tree, root, self.target.vocab_size)
+        t2 = time.perf_counter()
+        scores = tree.log_scores_cpu()  # [n_max] from the builder's host copy: no device read
+        # the controller sees this step's real drafting cost (flat for block drafters, growing with
+        # depth for autoregressive ones) plus the usual other overhead
+        overhead = (t1 - t0) + self._other_s
+        decision = self.budget_controller.decide(scores, ctx, self.latency_model, overhead)
+        n = _checked_size(self.budget_controller, decision, len(tree))
+        tree = tree.truncate(n)
+        scores = scores[:n]
+        t3 = time.perf_counter()
         out = self.target.forward_tree(tree, layers)
         t4 = time.perf_counter()  # on an asynchronous device the verifier's host read below waits for the forward
         if stream is not None:  # node i samples position ctx + depth_i + 1: the same draw whatever the tree
             sampling = stream.for_tree(sampling, ctx, tree.depths)
-        verdict = self.verifier.verify(tree, out.logits, sampling, generator)
-        check_verdict(verdict, tree, self.target.vocab_size, self.verifier)  # cheap, always on
-        if self.strict_verdicts and sampling.greedy:
-            check_greedy_verdict(verdict, tree, out.logits, self.verifier)
+        verdict = self._verify(tree, out.logits, sampling, generator)
         t5 = time.perf_counter()
         nodes = verdict.accepted_nodes
         self.target.commit(nodes)
-        if drafting:
-            idx = to_device(nodes, torch.long, tree.tokens.device)  # a CPU index would copy with a sync
-            self.drafter.commit(tree.tokens[idx], None if out.features is None else out.features[idx])
-        else:  # the drafter stays current from the features the plain forward already produced
-            self.drafter.commit(tree.tokens, out.features)
+        idx = to_device(nodes, torch.long, tree.tokens.device)  # a CPU index would copy with a sync
+        self.drafter.commit(tree.tokens[idx], None if out.features is None else out.features[idx])
         t6 = time.perf_counter()  # no sync: the next step's first host read absorbs queued commit work
-        self._plain_steps = 0 if drafting else self._plain_steps + 1
-        # plain steps all time n = 1: the first of a run and then one in _PLAIN_LATENCY_EVERY will do
-        if drafting or (self._plain_steps - 1) % _PLAIN_LATENCY_EVERY == 0:
-            self.latency_model.observe(n, ctx, t5 - t3)  # forward + the read of its choices
+        self._plain_steps = 0
+        self.latency_model.observe(n, ctx, t5 - t3)  # forward + the read of its choices
         non_verify = (t3 - t0) + (t6 - t5)
         self.budget_controller.observe(
             StepFeedback(
-                drafted=drafting,
+                drafted=True,
                 log_scores=scores,
                 accepted_nodes=nodes,
                 context_len=ctx,
@@ -628,25 +615,85 @@ class Pipeline:
                 overhead_s=non_verify,
             )
         )
-        if drafting:  # the controller's overhead is a speculative step's: plain steps do not dilute it
-            self._other_s = running_mean(self._other_s, non_verify - (t1 - t0), _OVERHEAD_EMA)
+        # the controller's overhead is a speculative step's: plain steps do not dilute it
+        self._other_s = running_mean(self._other_s, non_verify - (t1 - t0), _OVERHEAD_EMA)
         t7 = time.perf_counter()
-        if drafting:
-            self._seconds_per_token = running_mean(self._seconds_per_token, (t7 - t0) / (verdict.num_accepted + 1), _OVERHEAD_EMA)
+        self._seconds_per_token = running_mean(self._seconds_per_token, (t7 - t0) / (verdict.num_accepted + 1), _OVERHEAD_EMA)
         record = StepRecord(
             budget=n,
             accepted=verdict.num_accepted,
             emitted=verdict.num_accepted + 1,
             context_len=ctx,
-            predicted_accept=tree.accept_score() if drafting else 1.0,
-            predicted_speedup=None if decision is None else decision.predicted_speedup,
+            predicted_accept=tree.accept_score(),
+            predicted_speedup=decision.predicted_speedup,
             timings=StageTimings(
                 draft=t1 - t0, tree=t2 - t1, controller=t3 - t2, verify=t4 - t3, accept=t5 - t4, commit=t6 - t5, other=t7 - t6
             ),
-            calibrated_accept=None if decision is None else decision.calibrated_accept,
-            drafted=drafting,
+            calibrated_accept=decision.calibrated_accept,
+            drafted=True,
         )
         return StepOutcome(record=record, verdict=verdict)
+
+    def _plain_step(
+        self,
+        root: int,
+        ctx: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        stream: PositionalStream | None,
+    ) -> StepOutcome:
+        """One plain step: the target alone verifies the root (one forward, one token, no draft, no tree,
+        no controller decision). It asks the target for the drafter's feature layers only and commits them
+        to the drafter, whose context stays complete at no extra forward. It samples exactly as a
+        speculative step's verifier samples a tree's root (the draw of position ``ctx + 1``)."""
+        t0 = time.perf_counter()
+        tree = self._root_tree(root)
+        out = self.target.forward_tree(tree, self.drafter.feature_layers)
+        t1 = time.perf_counter()
+        # the root samples position ctx + 1, as a tree's root does (a host-computed uniform: one position)
+        sampling = at_position(sampling, stream, ctx + 1, rows=1, device=out.logits.device)
+        verdict = self._verify(tree, out.logits, sampling, generator)
+        t2 = time.perf_counter()
+        nodes = verdict.accepted_nodes
+        self.target.commit(nodes)
+        self.drafter.commit(tree.tokens, out.features)  # the features the plain forward already produced
+        t3 = time.perf_counter()
+        self._plain_steps += 1
+        # plain steps all time n = 1: the first of a run and then one in _PLAIN_LATENCY_EVERY will do
+        if (self._plain_steps - 1) % _PLAIN_LATENCY_EVERY == 0:
+            self.latency_model.observe(1, ctx, t2 - t0)  # forward + the read of its choice
+        self.budget_controller.observe(
+            StepFeedback(
+                drafted=False,
+                log_scores=self._root_only[2],
+                accepted_nodes=nodes,
+                context_len=ctx,
+                verify_s=t2 - t0,
+                overhead_s=t3 - t2,
+            )
+        )
+        record = StepRecord(
+            budget=1,
+            accepted=0,
+            emitted=1,
+            context_len=ctx,
+            predicted_accept=1.0,
+            predicted_speedup=None,
+            timings=StageTimings(verify=t1 - t0, accept=t2 - t1, commit=t3 - t2, other=time.perf_counter() - t3),
+            drafted=False,
+        )
+        return StepOutcome(record=record, verdict=verdict)
+
+    def _verify(
+        self, tree: Tree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Verdict:
+        """The verifier's checked verdict on ``tree`` from the target's ``logits`` [n, V]; ``sampling``
+        carries the nodes' uniforms of a seeded run."""
+        verdict = self.verifier.verify(tree, logits, sampling, generator)
+        check_verdict(verdict, tree, self.target.vocab_size, self.verifier)  # cheap, always on
+        if self.strict_verdicts and sampling.greedy:
+            check_greedy_verdict(verdict, tree, logits, self.verifier)
+        return verdict
 
     # ------------------------------------------------------------------ helpers
     def _check_request(self, max_new_tokens: int, temperature: float, top_p: float, top_k: int) -> SamplingConfig:
@@ -658,8 +705,11 @@ class Pipeline:
         return sampling
 
     def _root_tree(self, root: int) -> Tree:
-        """The one-node tree of a plain step (its host copy attached: no device read)."""
-        return Tree(to_device([root], torch.long, self.target.device), *self._root_only, host=HostTree((root,), (-1,), (0,), (0.0,)))
+        """The one-node tree of a plain step (its host copy attached: no device read; the token written by
+        a fill, no host-to-device copy)."""
+        parents, depths, scores = self._root_only
+        tokens = torch.full((1,), root, dtype=torch.long, device=parents.device)  # [1]
+        return Tree(tokens, parents, depths, scores, host=HostTree((root,), (-1,), (0,), (0.0,)))
 
     def _fit_proposal(self, proposal: Any, root: int, max_depth: int) -> Marginals | CandidateTree:
         """Check the proposal's kind against the tree builder and cut it to ``max_depth`` (never draft past
