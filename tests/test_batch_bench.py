@@ -61,12 +61,16 @@ def test_batch_size_sweep_runs_every_method_and_writes_the_report(model, tmp_pat
     for p in sweep.points:
         assert p.tokens > 0 and p.tokens_per_s > 0
         assert p.equal_to_ar is True  # greedy: every method emits batched ar's tokens
-        assert p.speedup == pytest.approx(p.tokens_per_s / sweep.point(p.batch_size, "ar").tokens_per_s)
+        ar = sweep.point(p.batch_size, "ar")
+        assert p.speedup == pytest.approx(p.tokens_per_s / ar.tokens_per_s)
+        assert 0 < p.cpu_seconds <= p.seconds * 1.05  # the decoding thread's CPU time within the wall time
+        assert p.cpu_speedup == pytest.approx((p.tokens / p.cpu_seconds) / (ar.tokens / ar.cpu_seconds))
     assert sweep.point(4, "ar").mean_width == 1.0
     files = write_batch_report(sweep, tmp_path / "out")
     names = {f.name for f in files}
     assert {"batch_sizes.json", "batch_sizes.md", "throughput_vs_batch.png", "width_vs_batch.png"} <= names
-    assert "bastion / batched ar" in (tmp_path / "out" / "batch_sizes.md").read_text()
+    report = (tmp_path / "out" / "batch_sizes.md").read_text()
+    assert "bastion / batched ar" in report and "bastion / best (CPU time)" in report
 
 
 def test_generate_with_several_prompts_decodes_them_as_one_batch(capsys):

@@ -31,8 +31,9 @@ from bastion.core.types import DraftContext, DraftStep, GenerationResult, Sampli
 
 __all__ = ["decode_batch", "decode_plain_batch"]
 
-#: during a run of plain steps, one verify time in this many goes to the latency model
-_PLAIN_LATENCY_EVERY = 8
+#: during a run of plain steps, the verify times of steps 1, 2, 4, .. of the run and then one in this
+#: many go to the latency model (plain steps all time W = 1; each observation may trigger a refit)
+_PLAIN_LATENCY_EVERY = 64
 
 #: what a plain step hands the controller for "the verified tree": the root alone, accepted
 _ROOT_SCORES = torch.zeros(1)  # [1] log rho of the root
@@ -291,7 +292,7 @@ def _plain_step(run: _Run, rows: list[_Row], t0: float, ctxs: list[int]) -> None
     t3 = time.perf_counter()
     b = len(rows)
     pipe._plain_steps += 1
-    if (pipe._plain_steps - 1) % _PLAIN_LATENCY_EVERY == 0:  # plain steps all time W = 1
+    if _observe_plain(pipe._plain_steps):
         pipe.latency_model.observe_batch(1, ctxs, t2 - t1)
     overhead = (t1 - t0) + (t3 - t2)
     pipe.budget_controller.observe(
@@ -303,6 +304,11 @@ def _plain_step(run: _Run, rows: list[_Row], t0: float, ctxs: list[int]) -> None
     timings = StageTimings(controller=t1 - t0, verify=t2 - t1, commit=t3 - t2)
     _record_plain(rows, tokens, ctxs, timings, run.max_new_tokens, run.eos, pipe.target.max_positions)
     pipe._batch_costs.plain.observe(b, overhead + (time.perf_counter() - t3))  # records included
+
+
+def _observe_plain(k: int) -> bool:
+    """Whether the ``k``-th plain step of a run (from 1) times the latency model."""
+    return k & (k - 1) == 0 or k % _PLAIN_LATENCY_EVERY == 0
 
 
 def _speculative_step(run: _Run, rows: list[_Row], t0: float, ctxs: list[int]) -> None:
