@@ -192,6 +192,7 @@ def _warm_compiled(target: Any, sizes: list[int], context: int) -> dict[int, flo
             if r == 0:
                 first[n] = time.perf_counter() - t0
             target.commit(torch.zeros(1, dtype=torch.long))
+        print(f"  compiled verify n={n}: first call (compile) {first[n]:.1f} s", flush=True)
     target.reset()
     return first
 
@@ -247,6 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             entry["seconds"] = time.perf_counter() - t0
             report["runs"].append(entry)
             print(summary_line(entry), flush=True)
+            write_report(report, args.out)  # after every run: a run cut short still leaves its results
             del pipe, model
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
@@ -276,6 +278,12 @@ def compiled_summary(c: dict[str, Any] | None) -> str:
     speed = ", ".join(f"n={p['n']}@{p['context']} {p['speedup']:.2f}x" for p in c["points"])
     return (f"; compiled verify ({c['backend']}, {c['mode'] or 'default'}, compile {c['compile_s']:.0f} s): "
             f"equal {lo['equal']}/{lo['prompts']}, near-ties {lo['near_tie']}, real {lo['real']}; eager/compiled {speed}")
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "device_check.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_markdown(report, out / "device_check.md")
 
 
 def write_markdown(report: dict[str, Any], path: Path) -> None:
@@ -354,9 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: run with --device cpu (add --tiny for a quick check)", file=sys.stderr)
         return 2
     report = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "device_check.json").write_text(json.dumps(report, indent=2) + "\n")
-    write_markdown(report, args.out / "device_check.md")
+    write_report(report, args.out)
     real = sum(e[k]["real"] for e in report["runs"] for k in ("lossless", "lossless_accepting"))
     real += sum(e["compiled"]["lossless"]["real"] for e in report["runs"] if e.get("compiled") and "lossless" in e["compiled"])
     print(f"wrote {args.out / 'device_check.json'} and device_check.md; real mismatches: {real}")
