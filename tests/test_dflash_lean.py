@@ -64,3 +64,26 @@ def test_cached_drafting_with_a_scratch_tail_equals_recomputation_step_after_ste
         new = torch.randn(1 + step % 3, feats.shape[1])  # the step's root and accepted nodes
         drafter.commit(torch.arange(new.shape[0]), new)
         feats = torch.cat([feats, new])
+
+
+def test_a_draft_capped_at_max_depth_runs_the_head_on_those_depths_only_with_unchanged_marginals() -> None:
+    torch.manual_seed(5)
+    target = HFTarget(tiny_model("qwen3", seed=1))
+    cfg = DFlashConfig.for_target(target.config, num_layers=2, block_size=8, target_layer_ids=(0, 1), mask_token_id=255)
+    drafter = DFlashDrafter(DFlashDraftModel(cfg).eval(), device="cpu", dtype=torch.float32)
+    drafter.bind(target)
+    prompt = torch.randint(0, 200, (1, 9))
+    feats = target.prefill(prompt, (0, 1)).features
+    drafter.begin(DraftContext(tokens=prompt[0], features=feats))
+    full = drafter.propose(DraftStep(root_token=12, context_len=9)).log_probs  # [7, V]
+    rows: list[int] = []
+    head = target.output_head()
+    hook = head.register_forward_hook(lambda _m, args, _out: rows.append(int(args[0].shape[1])))
+    try:
+        for depth in (1, 3, 7, 20):
+            got = drafter.propose(DraftStep(root_token=12, context_len=9, max_depth=depth)).log_probs
+            assert got.shape[0] == min(depth, 7)
+            torch.testing.assert_close(got, full[: min(depth, 7)], atol=1e-5, rtol=1e-5)
+    finally:
+        hook.remove()
+    assert rows == [1, 3, 7, 7]  # the lm head ran on the returned depths only

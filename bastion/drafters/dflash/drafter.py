@@ -200,7 +200,7 @@ class DFlashDrafter(Drafter):
             )
         device = self.model.device
         self._flush(device)
-        k = self.block_size - 1
+        k = self.block_size - 1 if step.max_depth is None else max(1, min(self.block_size - 1, step.max_depth))  # no head rows past max_depth
         block = torch.full((1, self.block_size), self.config.mask_token_id, dtype=torch.long, device=device)
         block[0, :1].fill_(int(step.root_token))  # a kernel argument: no host-to-device copy
         positions = torch.arange(committed, committed + self.block_size, device=device)  # [B]
@@ -211,7 +211,8 @@ class DFlashDrafter(Drafter):
             head=self._head,
             block_positions=positions,
             past_context=self._cache.view(spare=self.block_size),
-        )[0]  # [K, V]
+            depths=k,
+        )[0]  # [k, V]
         # no validation read here: the tree builder's one transfer rejects NaN marginals
         return Marginals.from_logits(logits[:k].float(), temperature=step.temperature, validate=False)
 

@@ -359,14 +359,18 @@ class DFlashDraftModel(nn.Module):
         context_positions: torch.Tensor | None = None,
         context_mask: torch.Tensor | None = None,
         past_context: ContextKV | None = None,
+        depths: int | None = None,
     ) -> torch.Tensor:
         """Logits ``[N, B - 1, V]`` for mask slots 1..B-1 of blocks ``block_ids`` [N, B], using the
-        target's embedding ``embed`` and lm head ``head`` (see :meth:`forward` for the other arguments)."""
+        target's embedding ``embed`` and lm head ``head`` (see :meth:`forward` for the other arguments).
+        ``depths`` (default all): run the head on slots 1..depths only -> ``[N, depths, V]`` (the block
+        still attends over all its slots, so those logits are unchanged; the head is most of a draft)."""
         home = block_ids.device  # the target's embedding and head may sit on other devices (device_map)
         emb = embed(block_ids.to(_module_device(embed, home))).to(home)  # [N, B, H]
         hidden = self(emb, block_positions, target_features, context_positions, context_mask, past_context)
         head_dtype = _module_dtype(head, hidden.dtype)
-        return head(hidden[:, 1:].to(device=_module_device(head, home), dtype=head_dtype))
+        end = hidden.shape[1] if depths is None else 1 + max(1, min(int(depths), hidden.shape[1] - 1))
+        return head(hidden[:, 1:end].to(device=_module_device(head, home), dtype=head_dtype))
 
     # ---------------------------------------------------------------- persistence
     def save_pretrained(self, path: str | Path) -> Path:
