@@ -144,7 +144,7 @@ def _plain_forward(
     if sampling.greedy:
         row_sampling = [sampling] * len(rows)
     else:  # row i's token sits at position ctx_i + 1 of its own seeded stream (a one-node tree's uniforms [1])
-        row_sampling = [sampling if row.stream is None else row.stream.for_tokens_at(sampling, torch.tensor([ctx + 1])) for row, ctx in zip(rows, ctxs)]
+        row_sampling = [at_position(sampling, row.stream, ctx + 1, rows=1) for row, ctx in zip(rows, ctxs)]
     tokens = pick(roots, out.logits[:, 0], row_sampling, [row.generator for row in rows])
     return tokens, None if out.features is None else out.features[:, 0]
 
