@@ -84,16 +84,28 @@ def test_reset_starts_a_sequence_speculating():
     assert gate.should_draft() and gate.speculating and gate.plain_steps == 0
 
 
-def test_a_setting_that_ended_switched_off_starts_its_next_sequence_off_and_probes_after_its_backoff():
+def test_a_setting_that_ended_switched_off_starts_its_next_sequence_off_and_continues_its_countdown():
     gate = SpeculationGate(min_backoff=2, max_backoff=16, smoothing=1.0)
     gate.start("T=1")
     run(gate, iter(lambda: 0.5, None), 12)  # never pays: switched off, back-off grown
-    backoff = gate.backoff
-    assert not gate.speculating and backoff > 2
-    gate.start("T=1")  # the next request under the same setting
-    assert run(gate, iter(lambda: 0.5, None), backoff + 1) == [False] * backoff + [True]
+    backoff, left = gate.backoff, gate.wait
+    assert not gate.speculating and backoff > 2 and 0 < left < backoff
+    gate.start("T=1")  # the next request under the same setting: the countdown goes on where it stopped
+    assert run(gate, iter(lambda: 0.5, None), left + 1) == [False] * left + [True]
     gate.start("T=0")  # another setting starts speculating
     assert gate.should_draft() and gate.speculating
+
+
+def test_a_stream_of_short_requests_probes_as_one_long_sequence_would():
+    def drafted(lengths):
+        gate = SpeculationGate(min_backoff=2, max_backoff=8, smoothing=1.0)
+        out = []
+        for n in lengths:
+            gate.start("T=1")
+            out += run(gate, iter(lambda: 0.5, None), n)
+        return out
+
+    assert drafted([5] * 20) == drafted([100])
 
 
 def test_a_setting_that_ended_speculating_starts_its_next_sequence_speculating():
