@@ -124,9 +124,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "warmup_steps": args.warmup,
         "timed_steps": args.steps,
         "tokens": tokens,
-        "seconds": round(seconds, 3),
+        "seconds": round(seconds, 6),  # enough digits that tokens / seconds gives tokens_per_s back
         "tokens_per_s": round(tokens / seconds, 1),
-        "step_s": round(seconds / args.steps, 4),
+        "step_s": round(seconds / args.steps, 6),
         "init_s": round(init_s, 1),
         "losses": [round(float(x), 4) for x in losses],  # read once, at the end: no host sync in the timed loop
         "max_memory_allocated_gb": None if peak is None else round(peak / 1e9, 2),
