@@ -265,16 +265,7 @@ class ARDecoder:
 
 
 def _ar_step(ctx: int, forward_s: float, other_s: float) -> StepRecord:
-    return StepRecord(
-        budget=1,
-        accepted=0,
-        emitted=1,
-        context_len=ctx,
-        predicted_accept=1.0,
-        predicted_speedup=None,
-        timings=StageTimings(verify=forward_s, other=other_s),
-        drafted=False,
-    )
+    return StepRecord.plain(ctx, StageTimings(verify=forward_s, other=other_s))
 
 
 def build_decoder(

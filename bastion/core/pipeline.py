@@ -672,17 +672,8 @@ class Pipeline:
                 overhead_s=t3 - t2,
             )
         )
-        record = StepRecord(
-            budget=1,
-            accepted=0,
-            emitted=1,
-            context_len=ctx,
-            predicted_accept=1.0,
-            predicted_speedup=None,
-            timings=StageTimings(verify=t1 - t0, accept=t2 - t1, commit=t3 - t2, other=time.perf_counter() - t3),
-            drafted=False,
-        )
-        return StepOutcome(record=record, verdict=verdict)
+        timings = StageTimings(verify=t1 - t0, accept=t2 - t1, commit=t3 - t2, other=time.perf_counter() - t3)
+        return StepOutcome(record=StepRecord.plain(ctx, timings), verdict=verdict)
 
     def _verify(
         self, tree: Tree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None

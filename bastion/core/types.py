@@ -261,6 +261,12 @@ class StepRecord:
     batch_size: int = 1  # rows decoded together in this step (the step's timings are the batch's)
     width: int | None = None  # batched steps: the padded tree width W every row's block had
 
+    @classmethod
+    def plain(cls, context_len: int, timings: StageTimings) -> "StepRecord":
+        """The record of a plain step: the target alone verified the root and emitted one token."""
+        return cls(budget=1, accepted=0, emitted=1, context_len=context_len, predicted_accept=1.0,
+                   predicted_speedup=None, timings=timings, drafted=False)
+
 
 @frozen
 class StepFeedback:
