@@ -26,11 +26,13 @@ class CostBySize:
     def __init__(self, weight: float = 0.2) -> None:
         self.weight = check_number("weight", weight, strict=True)
         self._means: dict[int, float] = {}
+        self._line: tuple[float, float] | None = None  # the fit through _means, until the next observation
 
     def observe(self, batch_size: int, seconds: float) -> None:
         b = check_int("batch_size", batch_size)
         s = check_number("seconds", seconds)
         self._means[b] = running_mean(self._means.get(b, 0.0), s, self.weight)
+        self._line = None
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -43,7 +45,9 @@ class CostBySize:
             return seen
         if not self._means:
             return 0.0
-        a, b = self._fit()
+        if self._line is None:  # asked every step for an unseen size: fit once per observation
+            self._line = self._fit()
+        a, b = self._line
         return a + b * batch_size
 
     def _fit(self) -> tuple[float, float]:
