@@ -15,15 +15,20 @@ from bastion.testing.tiny import tiny_model
 MAX_SYNCS_PER_STEP = 3
 
 
+def _pipeline(controller: str, device: str) -> bastion.Pipeline:
+    """A tiny Qwen3 target and a random DFlash drafter on ``device`` under the ``controller``."""
+    torch.manual_seed(0)
+    target = HFTarget(tiny_model("qwen3", seed=0).to(device))
+    cfg = DFlashConfig.for_target(target.config, num_layers=1, block_size=6, target_layer_ids=(0, 1), mask_token_id=255)
+    drafter = DFlashDrafter(DFlashDraftModel(cfg), device=device, dtype=torch.float32)
+    options = {"budget": 8} if controller == "fixed" else {}
+    return bastion.Pipeline(target=target, drafter=drafter,
+                            budget_controller=bastion.registry.create("budget_controller", controller, **options))
+
+
 @pytest.fixture(scope="module", params=["fixed", "bastion"])
 def pipe(request: pytest.FixtureRequest) -> bastion.Pipeline:
-    torch.manual_seed(0)
-    target = HFTarget(tiny_model("qwen3", seed=0))
-    cfg = DFlashConfig.for_target(target.config, num_layers=1, block_size=6, target_layer_ids=(0, 1), mask_token_id=255)
-    drafter = DFlashDrafter(DFlashDraftModel(cfg), device="cpu", dtype=torch.float32)
-    options = {"budget": 8} if request.param == "fixed" else {}
-    controller = bastion.registry.create("budget_controller", request.param, **options)
-    return bastion.Pipeline(target=target, drafter=drafter, budget_controller=controller)
+    return _pipeline(request.param, "cpu")
 
 
 def _step_syncs(pipe: bastion.Pipeline, temperature: float) -> list[int]:
@@ -72,12 +77,7 @@ def test_cuda_decode_steps_stay_near_three_device_waits(temperature: float) -> N
     against hidden waits coming back: at most 4 in any step and at most 3.5 on average."""
     import warnings
 
-    torch.manual_seed(0)
-    target = HFTarget(tiny_model("qwen3", seed=0).cuda())
-    cfg = DFlashConfig.for_target(target.config, num_layers=1, block_size=6, target_layer_ids=(0, 1), mask_token_id=255)
-    drafter = DFlashDrafter(DFlashDraftModel(cfg), device="cuda", dtype=torch.float32)
-    controller = bastion.registry.create("budget_controller", "fixed", budget=8)
-    pipe = bastion.Pipeline(target=target, drafter=drafter, budget_controller=controller)
+    pipe = _pipeline("fixed", "cuda")
     prompt = torch.tensor([[5, 9, 12, 40]], device="cuda")
     pipe.generate(prompt, max_new_tokens=4, temperature=temperature, seed=1)  # warm-up
     per_step: list[int] = []
