@@ -78,7 +78,7 @@ def test_a_draft_capped_at_max_depth_runs_the_head_on_those_depths_only_with_unc
     full = drafter.propose(DraftStep(root_token=12, context_len=9)).log_probs  # [7, V]
     rows: list[int] = []
     head = target.output_head()
-    hook = head.register_forward_hook(lambda _m, args, _out: rows.append(int(args[0].shape[1])))
+    hook = head.register_forward_hook(lambda _m, args, _out: rows.append(int(args[0].shape[:-1].numel())))  # one block
     try:
         for depth in (1, 3, 7, 20):
             got = drafter.propose(DraftStep(root_token=12, context_len=9, max_depth=depth)).log_probs

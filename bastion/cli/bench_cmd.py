@@ -104,7 +104,7 @@ def load_drafters(target: str | None, entries: list[str], device: str, dtype: st
     from bastion.cli.options import torch_dtype
     from bastion.core.errors import InvalidInputError
     from bastion.core.pipeline import Pipeline
-    from bastion.demo import demo_drafter, demo_paths
+    from bastion.demo import demo_drafter, demo_drafter_options, demo_paths
 
     specs: dict[str, str] = {}
     for entry in entries:
@@ -123,7 +123,8 @@ def load_drafters(target: str | None, entries: list[str], device: str, dtype: st
     drafters: dict[str, Any] = {}
     tokenizer = None
     for family, path in specs.items():
-        pipe = Pipeline.from_pretrained(loaded, path, device=device, dtype=dt, tokenizer=tokenizer)
+        opts = {"drafter": demo_drafter_options(family, device)} if target is None else None
+        pipe = Pipeline.from_pretrained(loaded, path, device=device, dtype=dt, tokenizer=tokenizer, component_options=opts)
         loaded, tokenizer = pipe.target, pipe.tokenizer
         drafters[family] = pipe.drafter
     return loaded, drafters, tokenizer

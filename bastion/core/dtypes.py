@@ -8,7 +8,7 @@ import torch
 
 from bastion.core.errors import InvalidInputError
 
-__all__ = ["CLI_DTYPES", "DTYPE_BYTES", "dtype_bytes", "dtype_name", "parse_dtype"]
+__all__ = ["CLI_DTYPES", "DTYPE_BYTES", "dtype_bytes", "dtype_name", "fast_bfloat16", "parse_dtype"]
 
 #: dtypes offered on the command line
 CLI_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -67,3 +67,18 @@ def dtype_bytes(dtype: Any) -> int:
     if parsed not in DTYPE_BYTES:
         raise InvalidInputError(f"no byte size known for dtype {parsed}")
     return DTYPE_BYTES[parsed]
+
+
+def fast_bfloat16(device: torch.device | str) -> bool:
+    """Whether ``device`` runs bfloat16 matrix products natively (CUDA GPUs from Ampere on; CPUs with
+    the AVX-512 BF16 or AMX instructions that oneDNN uses), so a bfloat16 model there is faster than a
+    float32 one rather than emulated and slower."""
+    dev = torch.device(device)
+    try:
+        if dev.type == "cuda":
+            return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        if dev.type == "cpu":
+            return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without the query: assume emulation
+        return False
+    return False

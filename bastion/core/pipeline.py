@@ -255,11 +255,20 @@ class Pipeline:
         ``"dflash"`` (the block drafter) or ``"model"`` (the autoregressive one).
 
         The models ship in float16 to keep the package small; on the CPU they are loaded as float32 (the
-        dtype they were trained in, and much faster there) unless ``dtype=`` says otherwise."""
-        from bastion.demo import demo_drafter, demo_paths
+        dtype they were trained in, and much faster there) unless ``dtype=`` says otherwise, except the
+        DFlash drafter on a CPU with native bfloat16 arithmetic, which runs in bfloat16 (see
+        :func:`bastion.demo.demo_drafter_options`; ``component_options={"drafter": {"dtype": ...}}``
+        overrides it)."""
+        from bastion.demo import demo_drafter, demo_drafter_options, demo_paths
 
-        if str(kwargs.get("device") or "cpu").startswith("cpu"):
+        device = kwargs.get("device") or "cpu"
+        if str(device).startswith("cpu"):
             kwargs.setdefault("dtype", torch.float32)
+        defaults = demo_drafter_options(drafter, device) if kwargs.get("dtype") in (torch.float32, "float32") else {}
+        if defaults:  # the user's own drafter options win
+            options = {k: dict(v) for k, v in (kwargs.get("component_options") or {}).items()}
+            options["drafter"] = {**defaults, **options.get("drafter", {})}
+            kwargs["component_options"] = options
         return cls.from_pretrained(demo_paths().target, demo_drafter(drafter), **kwargs)
 
     # ------------------------------------------------------------------ inspection

@@ -6,12 +6,15 @@ target (``bastion train ar-drafter``). All ship inside the package as float16 sa
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
+import torch
 
+from bastion.core.dtypes import fast_bfloat16
 from bastion.core.errors import InvalidInputError
 
-__all__ = ["DemoPaths", "demo_paths", "demo_drafter", "ASSETS_DIR", "DEMO_DRAFTERS"]
+__all__ = ["DemoPaths", "demo_paths", "demo_drafter", "demo_drafter_options", "ASSETS_DIR", "DEMO_DRAFTERS"]
 
 #: drafter families shipped with the demo target -> their folder under the assets
 DEMO_DRAFTERS: dict[str, str] = {"dflash": "drafter", "model": "ar-drafter"}
@@ -49,3 +52,13 @@ def demo_drafter(family: str = "dflash", root: Path | None = None) -> Path:
         hint = "bastion train ar-drafter" if family == "model" else "bastion train all"
         raise InvalidInputError(f"demo drafter {family!r} not found at {path}; reinstall bastion or run `{hint}`")
     return path
+
+
+def demo_drafter_options(family: str, device: str | torch.device) -> dict[str, Any]:
+    """Default options of the demo drafter ``family`` on ``device``: on a CPU with native bfloat16
+    arithmetic the DFlash drafter runs in bfloat16 beside the float32 target (a draft costs about half
+    as much, its proposals are the same up to rounding, and the tokens never depend on them: the target
+    verifies every one). Anywhere else the drafter keeps the target's dtype."""
+    if family == "dflash" and torch.device(device).type == "cpu" and fast_bfloat16("cpu"):
+        return {"dtype": torch.bfloat16}
+    return {}

@@ -74,6 +74,28 @@ class _KVBuffer:
         return ContextKV(tuple(k[:, :, :end] for k in self._keys), tuple(v[:, :, :end] for v in self._values), tail=spare)
 
 
+def head_in_dtype(head: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """The target's lm head as the drafter reads it: the head itself, or, when the drafter runs in a
+    narrower floating dtype than the head's weight (a bfloat16 drafter beside a float32 target), a
+    frozen copy in the drafter's dtype on the head's device. The head is most of a draft's arithmetic,
+    so it runs at the drafter's precision and speed; the copy costs vocab x hidden elements of that
+    dtype. A wider drafter dtype never widens the head (that would only cost memory and time)."""
+    weight = getattr(head, "weight", None)
+    if (
+        not isinstance(head, torch.nn.Linear)
+        or not isinstance(weight, torch.Tensor)
+        or not dtype.is_floating_point
+        or torch.finfo(dtype).bits >= torch.finfo(weight.dtype).bits
+    ):
+        return head
+    copy = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None, device=weight.device, dtype=dtype)
+    with torch.no_grad():
+        copy.weight.copy_(weight)
+        if head.bias is not None:
+            copy.bias.copy_(head.bias)
+    return copy.requires_grad_(False).eval()
+
+
 class DFlashDrafter(Drafter):
     """Drafter over a DFlash checkpoint (local dir or hub id) or a :class:`DFlashDraftModel` instance.
 
@@ -162,7 +184,7 @@ class DFlashDrafter(Drafter):
         home = target.feature_device(cfg.target_layer_ids)  # the drafter runs where its features end up
         if self.model.device != home:
             self.model = self.model.to(home)
-        self._embed, self._head = embed, head
+        self._embed, self._head = embed, head_in_dtype(head, self.model.dtype)
         self.reset()
 
     def reset(self) -> None:

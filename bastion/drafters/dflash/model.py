@@ -370,7 +370,9 @@ class DFlashDraftModel(nn.Module):
         hidden = self(emb, block_positions, target_features, context_positions, context_mask, past_context)
         head_dtype = _module_dtype(head, hidden.dtype)
         end = hidden.shape[1] if depths is None else 1 + max(1, min(int(depths), hidden.shape[1] - 1))
-        return head(hidden[:, 1:end].to(device=_module_device(head, home), dtype=head_dtype))
+        rows = hidden[:, 1:end].to(device=_module_device(head, home), dtype=head_dtype)  # [N, depths, H]
+        # the head runs on a 2-D input: CPU kernels take a much slower path for 3-D bfloat16 inputs
+        return head(rows.reshape(-1, rows.shape[-1])).view(rows.shape[0], rows.shape[1], -1)
 
     # ---------------------------------------------------------------- persistence
     def save_pretrained(self, path: str | Path) -> Path:
