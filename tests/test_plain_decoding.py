@@ -179,3 +179,53 @@ def test_plain_steps_draw_the_same_seeded_tokens_as_the_ar_baseline_and_the_tree
     res = pipe.generate(ids, 16, temperature, 77, top_k=top_k, top_p=top_p, stop_on_eos=False)
     assert res.tokens == want
     assert {s.drafted for s in res.steps} == {True, False}
+
+
+def _counting_verifier(bad_token: int | None = None):
+    from bastion.verifiers.exact import ExactVerifier
+
+    class Counting(ExactVerifier):
+        def __init__(self) -> None:
+            self.calls = {"verify": 0, "next_tokens": 0}
+
+        def verify(self, tree, logits, sampling, generator=None):
+            self.calls["verify"] += 1
+            return super().verify(tree, logits, sampling, generator)
+
+        def next_tokens(self, roots, logits, sampling, generators):
+            self.calls["next_tokens"] += 1
+            tokens = super().next_tokens(roots, logits, sampling, generators)
+            return tokens if bad_token is None else [bad_token] * len(tokens)
+
+    return Counting()
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["plain-path", "strict-verdicts"])
+def test_a_plain_step_asks_the_verifier_for_the_next_token_alone_unless_verdicts_are_checked_strictly(strict):
+    model = _model("qwen3")
+    verifier = _counting_verifier()
+    ctrl = BastionController(gate=dict(margin=math.inf, min_backoff=40, max_backoff=40))
+    pipe = bastion.Pipeline(HFTarget(model), NoisyOracleDrafter(model, block_size=4, noise=0.6), budget_controller=ctrl,
+                            verifier=verifier, max_nodes=8, strict_verdicts=strict)
+    prompt = (5, 6, 7)
+    res = pipe.generate(torch.tensor([prompt]), max_new_tokens=12, stop_on_eos=False)
+    assert res.tokens == _hf_greedy("qwen3", prompt, 12)
+    plain = sum(not s.drafted for s in res.steps)
+    assert plain >= 8  # the first step probes (its tree accepts a few tokens), then the gate waits 40 steps
+    if strict:
+        assert verifier.calls == {"verify": len(res.steps), "next_tokens": 0}
+    else:
+        assert verifier.calls == {"verify": len(res.steps) - plain, "next_tokens": plain}
+
+
+def test_a_verifier_whose_next_token_lies_outside_the_vocabulary_is_named_in_single_and_batched_decoding():
+    from bastion.core.errors import ComponentError
+
+    model = _model("qwen3")
+    ctrl = BastionController(gate=dict(margin=math.inf, min_backoff=40, max_backoff=40))
+    pipe = bastion.Pipeline(HFTarget(model), NoisyOracleDrafter(model, block_size=4, noise=0.6), budget_controller=ctrl,
+                            verifier=_counting_verifier(bad_token=model.config.vocab_size), max_nodes=8)
+    with pytest.raises(ComponentError, match="Counting.*outside|Counting.*vocabulary"):
+        pipe.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=12, stop_on_eos=False)
+    with pytest.raises(ComponentError, match="Counting.*vocabulary"):
+        pipe.generate_batch([[5, 6, 7], [8, 9]], max_new_tokens=12, stop_on_eos=False)

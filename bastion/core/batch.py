@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from bastion.core.batching import BatchPrefill, DraftBatch, TargetBatch
+from bastion.core.checks import check_next_tokens
 from bastion.core.interfaces import BatchStepCosts
 from bastion.core.pipeline import Pipeline, _checked_size, _validate_built
 from bastion.core.sync import device_sync, to_host
@@ -146,6 +147,7 @@ def _plain_forward(
     else:  # row i's token sits at position ctx_i + 1 of its own seeded stream (a one-node tree's uniforms [1])
         row_sampling = [at_position(sampling, row.stream, ctx + 1, rows=1) for row, ctx in zip(rows, ctxs)]
     tokens = pick(roots, out.logits[:, 0], row_sampling, [row.generator for row in rows])
+    tokens = check_next_tokens(tokens, len(rows), out.logits.shape[-1], getattr(pick, "__self__", pick))
     return tokens, None if out.features is None else out.features[:, 0]
 
 

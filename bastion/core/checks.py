@@ -91,6 +91,21 @@ def check_marginals(marginals: Any, vocab_size: int, drafter: object) -> Margina
     return marginals
 
 
+def check_next_tokens(tokens: Any, rows: int, vocab_size: int, verifier: object) -> list[int]:
+    """A verifier's plain-step answer (:meth:`Verifier.next_tokens`): one token id inside the vocabulary
+    per row. Returns them as a host list of ints."""
+    who = f"verifier {_name(verifier)}"
+    got = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
+    if not isinstance(got, (list, tuple)) or len(got) != rows:
+        raise ComponentError(f"{who}: next_tokens must return one token per row ({rows}), got {tokens!r}")
+    out = []
+    for tok in got:
+        if isinstance(tok, bool) or not isinstance(tok, numbers.Integral) or not 0 <= int(tok) < vocab_size:
+            raise ComponentError(f"{who}: next token {tok!r} is not a token id in the vocabulary [0, {vocab_size})")
+        out.append(int(tok))
+    return out
+
+
 def check_verdict(verdict: Any, tree: Tree, vocab_size: int, verifier: object) -> list[int]:
     """The accepted nodes of ``verdict`` must be a parent chain from the root of ``tree``, its accepted
     tokens the nodes' tokens, and its bonus token inside the vocabulary. Returns the nodes (host list).

@@ -17,7 +17,7 @@ import torch
 from bastion.core.batch_costs import BatchCosts
 from bastion.core.candidates import CandidateTree, check_pairing
 from bastion.core.chat import chat_ids, user_turn
-from bastion.core.checks import check_greedy_verdict, check_int, check_marginals, check_tokenizer, check_verdict
+from bastion.core.checks import check_greedy_verdict, check_int, check_marginals, check_next_tokens, check_tokenizer, check_verdict
 from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError, TreeValidationError
 from bastion.core.interfaces import (
     COMPONENT_INTERFACES,
@@ -139,6 +139,7 @@ class Pipeline:
             torch.zeros(1, dtype=torch.long, device=dev),
             torch.zeros(1, dtype=torch.float32, device=dev),
         )
+        self._root_path = torch.zeros(1, dtype=torch.long)  # [1] a plain step's accepted nodes: the root (host)
         self._batch_costs = BatchCosts()  # batched steps' measured non-verify seconds, per batch size
         if self.drafter.proposes is not None:  # a declared proposal kind is checked now, else at the first step
             check_pairing(self.tree_builder, self.drafter.proposes, self.drafter)
@@ -660,8 +661,11 @@ class Pipeline:
         out = self.target.forward_tree(tree, self.drafter.feature_layers)
         t1 = time.perf_counter()
         # the root samples position ctx + 1, as a tree's root does (a host-computed uniform: one position)
-        sampling = at_position(sampling, stream, ctx + 1, rows=1, device=out.logits.device)
-        verdict = self._verify(tree, out.logits, sampling, generator)
+        if self.strict_verdicts:  # the full verdict path, so the strict greedy check sees it
+            verdict = self._verify(tree, out.logits, at_position(sampling, stream, ctx + 1, rows=1, device=out.logits.device), generator)
+        else:  # the verifier's plain-step path: the next token alone, no tree walk
+            token = self.verifier.next_tokens([root], out.logits, [at_position(sampling, stream, ctx + 1)], [generator])
+            verdict = Verdict(self._root_path, (), check_next_tokens(token, 1, self.target.vocab_size, self.verifier)[0])
         t2 = time.perf_counter()
         nodes = verdict.accepted_nodes
         self.target.commit(nodes)

@@ -47,6 +47,12 @@ def prior_params(num_layers: int, device_type: str) -> RooflineParams:
     return RooflineParams(1.0 / _PRIOR_COMPUTE_EFFICIENCY, b, 1.0 / _PRIOR_MEMORY_EFFICIENCY, b)
 
 
+#: timings up to which a refit tries 3 starting splits of the two branches besides the current fit (the
+#: early fits, where the split is least settled); later refits try 2. A refit runs inside a decode step,
+#: so each start costs the step about half a millisecond on a CPU
+_MANY_STARTS_UNTIL = 16
+
+
 class RooflineLatency(LatencyModel):
     """Roofline verify-latency model calibrated online from observed verify times.
 
@@ -258,7 +264,7 @@ class RooflineLatency(LatencyModel):
             weights,
             prior=self.prior,
             init=self.params,
-            starts=7 if self._count <= 64 else 2,
+            starts=3 if self._count <= _MANY_STARTS_UNTIL else 2,
         )
         self.params = fit.params
         self.last_fit = fit
