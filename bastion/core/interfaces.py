@@ -321,9 +321,11 @@ class Verifier(abc.ABC):
         sampling: Sequence[SamplingConfig],
         generators: Sequence[torch.Generator | None],
     ) -> list[int]:
-        """A plain batched step: row i verified its root ``roots[i]`` alone, ``logits`` FloatTensor[B, V]
-        are the target's logits after it; return each row's next token (the bonus token of a one-node
-        tree), ``sampling[i]`` and ``generators[i]`` as in :meth:`verify_batch`.
+        """A plain step: row i verified its root ``roots[i]`` alone, ``logits`` FloatTensor[B, V] are the
+        target's logits after it; return each row's next token (the bonus token of a one-node tree),
+        ``sampling[i]`` and ``generators[i]`` as in :meth:`verify_batch`. Plain batched steps and a single
+        sequence's plain steps (B = 1) both call it; the pipeline checks each token lies in the
+        vocabulary.
 
         The default runs :meth:`verify_batch` on one-node trees; override it to skip building B trees
         and verdicts per step (the ``exact`` verifier takes one argmax and one host transfer)."""
