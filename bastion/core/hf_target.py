@@ -147,6 +147,7 @@ class HFTarget(Target):
         self._mask_buf: torch.Tensor | None = None  # [1, 1, rows, cols] persistent tree mask (see _tree_mask)
         self._mask_block: tuple[int, int, int] | None = None  # (rows, first col, end col) written last
         self._static: StaticVerify | None = None  # the opt-in compiled verify path (see compile_verify)
+        self._layers_ok: tuple[int, ...] | None = None  # the last feature-layer tuple found valid
         self.compile_verify(compile)
 
     # ------------------------------------------------------------------ construction
@@ -392,11 +393,17 @@ class HFTarget(Target):
         return logits[0], None if features is None else features[0]  # [n, V], [n, F]
 
     def _check_layers(self, feature_layers: tuple[int, ...]) -> tuple[int, ...]:
+        if not feature_layers:
+            return ()
+        if feature_layers is self._layers_ok:  # the drafter's own tuple, checked at an earlier step
+            return feature_layers
         layers = tuple(int(i) for i in feature_layers)
         n_layers = len(self._layers)
         bad = [i for i in layers if not 0 <= i < n_layers]
         if bad:
             raise IncompatibleComponentsError(f"feature layer ids {bad} out of range: the target has {n_layers} layers")
+        if isinstance(feature_layers, tuple) and layers == feature_layers:
+            self._layers_ok = feature_layers
         return layers
 
     def forward_rows(
