@@ -85,3 +85,14 @@ def test_tokenizer_with_ids_outside_the_target_vocabulary_is_refused(target_dir:
 def test_demo_pair_tokenizer_passes_the_vocabulary_check() -> None:
     pipe = bastion.Pipeline.demo()
     assert pipe.tokenizer is not None and len(pipe.encode("Hello")[0]) > 0
+
+
+@pytest.mark.parametrize("name,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16), ("torch.float16", torch.float16), ("auto", None)])
+def test_dtype_names_bastion_accepts_load_a_target_in_that_dtype(target_dir: Path, name: str, dtype) -> None:
+    target = HFTarget.from_pretrained(target_dir, dtype=name)
+    assert target.dtype == (dtype or next(iter(target.model.parameters())).dtype)
+
+
+def test_an_unknown_dtype_name_is_an_invalid_input(target_dir: Path) -> None:
+    with pytest.raises(InvalidInputError, match="unknown dtype 'float13'"):
+        HFTarget.from_pretrained(target_dir, dtype="float13")

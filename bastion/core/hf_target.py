@@ -18,6 +18,7 @@ import torch
 
 from bastion.core.checks import check_device
 from bastion.core.compiled_verify import CompileOptions, StaticVerify, compile_options
+from bastion.core.dtypes import parse_dtype
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.files import check_weights_folder
 from bastion.core.hf_compat import cache_kwargs
@@ -156,7 +157,7 @@ class HFTarget(Target):
         cls,
         path_or_id: str | Path,
         device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = torch.float32,
         attn_implementation: str = "sdpa",
         device_map: DeviceMap | None = None,
         compile: CompileOptions | bool | dict[str, Any] | None = None,
@@ -169,6 +170,7 @@ class HFTarget(Target):
         verify path (see :meth:`compile_verify`; off by default)."""
         _check_attention(attn_implementation)
         device = check_device(device)
+        dtype = parse_dtype(dtype, allow_auto=True) or "auto"  # any name bastion accepts ("bf16", "fp32", ...)
         from transformers import AutoModelForCausalLM
 
         if Path(path_or_id).expanduser().is_dir():

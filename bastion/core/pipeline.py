@@ -18,6 +18,7 @@ from bastion.core.batch_costs import BatchCosts
 from bastion.core.candidates import CandidateTree, check_pairing
 from bastion.core.chat import chat_ids, user_turn
 from bastion.core.checks import check_greedy_verdict, check_int, check_marginals, check_next_tokens, check_tokenizer, check_verdict
+from bastion.core.dtypes import parse_dtype
 from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError, TreeValidationError
 from bastion.core.interfaces import (
     COMPONENT_INTERFACES,
@@ -265,7 +266,8 @@ class Pipeline:
         device = kwargs.get("device") or "cpu"
         if str(device).startswith("cpu"):
             kwargs.setdefault("dtype", torch.float32)
-        defaults = demo_drafter_options(drafter, device) if kwargs.get("dtype") in (torch.float32, "float32") else {}
+        float32 = parse_dtype(kwargs.get("dtype"), allow_auto=True) == torch.float32
+        defaults = demo_drafter_options(drafter, device) if float32 else {}
         if defaults:  # the user's own drafter options win
             options = {k: dict(v) for k, v in (kwargs.get("component_options") or {}).items()}
             options["drafter"] = {**defaults, **options.get("drafter", {})}
