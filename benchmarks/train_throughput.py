@@ -9,6 +9,10 @@ with the best round of each and their ratio.
     bastion train all --smoke --out runs/smoke
     python benchmarks/train_throughput.py --target runs/smoke/target --data runs/smoke/distill.pt \
         [--steps 100] [--seqs-per-step 16] [--rounds 2] [--work runs/throughput]
+
+The ranks all-reduce once per optimizer step, so the ratio grows with ``--seqs-per-step`` (the global
+batch): ``--steps 150 --seqs-per-step 64`` is the global batch of the data-parallel recipe in
+``docs/train-your-own.md``.
 """
 
 from __future__ import annotations
