@@ -123,7 +123,8 @@ def load_drafters(target: str | None, entries: list[str], device: str, dtype: st
     drafters: dict[str, Any] = {}
     tokenizer = None
     for family, path in specs.items():
-        opts = {"drafter": demo_drafter_options(family, device)} if target is None else None
+        # the demo pair's defaults (a bfloat16 DFlash drafter beside the float32 target on such CPUs)
+        opts = {"drafter": demo_drafter_options(family, device)} if target is None and dt == torch.float32 else None
         pipe = Pipeline.from_pretrained(loaded, path, device=device, dtype=dt, tokenizer=tokenizer, component_options=opts)
         loaded, tokenizer = pipe.target, pipe.tokenizer
         drafters[family] = pipe.drafter
