@@ -161,3 +161,23 @@ def test_the_latency_plot_range_keeps_the_bulk_and_leaves_a_burst_outlier_off_th
     lo, hi, clipped = latency_axis_range([*bulk, 300.0])
     assert lo <= min(bulk) and hi >= max(bulk) and hi < 300.0 and clipped == 1
     assert latency_axis_range(bulk)[2] == 0
+
+
+def test_the_report_header_names_the_drafter_dtype_when_it_differs_from_the_targets() -> None:
+    import torch
+
+    from bastion.bench.reporting import _dtypes
+    from bastion.bench.runner import drafter_dtype
+
+    class _Model:
+        dtype = torch.bfloat16
+
+    class _Drafter:
+        model = _Model()
+
+    assert drafter_dtype(_Drafter()) == "bfloat16"
+    assert drafter_dtype({"dflash": _Drafter(), "other": object()}) == "dflash: bfloat16"
+    assert drafter_dtype(object()) is None
+    assert _dtypes({"dtype": "float32", "drafter_dtype": "bfloat16"}) == "float32, drafter bfloat16"
+    assert _dtypes({"dtype": "float32", "drafter_dtype": "float32"}) == "float32"
+    assert _dtypes({"dtype": "float32"}) == "float32"

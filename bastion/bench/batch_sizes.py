@@ -20,7 +20,7 @@ from attrs import asdict, field, frozen
 
 from bastion.bench.methods import ADAPTIVE, AR, build_decoder, parse_method
 from bastion.bench.reporting import _f, _table
-from bastion.bench.runner import BenchConfig, _progress, load_prompts
+from bastion.bench.runner import BenchConfig, _progress, drafter_dtype, load_prompts
 from bastion.bench.templates import TemplateStyle, encode_prompt
 from bastion.core.errors import InvalidInputError
 from bastion.core.target import Target
@@ -117,7 +117,8 @@ def run_batch_sweep(
             points.extend(_points(b, names, runs, greedy=config.temperature == 0.0))
     finally:
         bar.close()
-    meta = {"device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""), "prompts": len(prompts),
+    meta = {"device": str(target.device), "dtype": str(target.dtype).replace("torch.", ""), "drafter_dtype": drafter_dtype(drafter),
+            "prompts": len(prompts),
             "total_s": time.perf_counter() - t0, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     return BatchSweep(config=config, batch_sizes=sizes, methods=tuple(names), points=tuple(points), meta=meta)
 

@@ -6,7 +6,7 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -228,13 +228,19 @@ def temperatures_table(runs: Sequence[BenchRun]) -> str:
     return _table(header, rows)
 
 
+def _dtypes(meta: Mapping[str, Any]) -> str:
+    """``float32``, or ``float32, drafter bfloat16`` when the drafter runs in another dtype."""
+    drafter = meta.get("drafter_dtype")
+    return meta["dtype"] if not drafter or drafter == meta["dtype"] else f"{meta['dtype']}, drafter {drafter}"
+
+
 def markdown_report(run: BenchRun) -> str:
     cfg = run.config
     parts = [
         (
             f"## bastion bench: {len(run.prompts)} prompts x {len(run.specs)} methods, "
             f"max {cfg.max_new_tokens} new tokens, T = {cfg.temperature:g}, fastest of {cfg.repeats} per prompt, "
-            f"device {run.meta['device']} ({run.meta['dtype']}, {run.meta['threads']} threads), {run.meta['total_s']:.0f} s"
+            f"device {run.meta['device']} ({_dtypes(run.meta)}, {run.meta['threads']} threads), {run.meta['total_s']:.0f} s"
         ),
         *(
             [

@@ -205,6 +205,7 @@ def run_bench(
     meta = {
         "device": str(target.device),
         "dtype": str(target.dtype).replace("torch.", ""),
+        "drafter_dtype": drafter_dtype(drafter),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "platform": platform.platform(),
@@ -227,6 +228,16 @@ def run_bench(
         latency_model=lat_model,
         meta=meta,
     )
+
+
+def drafter_dtype(drafter: Any) -> str | None:
+    """The dtype the drafter runs in (``"bfloat16"``), or ``family:dtype`` pairs for a mapping of drafters;
+    None when a drafter does not say (no ``model`` with a ``dtype``)."""
+    if isinstance(drafter, Mapping):
+        named = {k: drafter_dtype(v) for k, v in drafter.items()}
+        return ", ".join(f"{k}: {v}" for k, v in named.items() if v) or None
+    dtype = getattr(getattr(drafter, "model", None), "dtype", None)
+    return str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else None
 
 
 def _pool(runs: list[PromptRun], total_s: float, prompts: list[Prompt], ctx: DistContext) -> tuple[list[PromptRun], float] | None:
