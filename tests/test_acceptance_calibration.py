@@ -118,3 +118,17 @@ def test_the_controller_predicts_speedup_from_the_calibrated_acceptance():
     assert ctrl.choose(scores, 10, latency, 0.0) == n_after  # choosing learns nothing: only outcomes do
     ctrl.begin(SamplingConfig())  # greedy decoding keeps its own (still uncalibrated) table
     assert ctrl.choose(scores, 10, latency, 0.0) == n_before
+
+
+def test_scores_whose_rho_underflows_calibrate_to_finite_rates_without_warnings() -> None:
+    import warnings
+
+    cal = AcceptanceCalibrator()
+    key = (0.0, 1.0, 0)
+    # exp(-1000) is 0.0 in float64: the only seen bin has a raw mean score of 0
+    cal.observe(np.array([-1000.0, -900.0]), np.array([False, False]), key)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rates = cal.calibrate(np.array([-2000.0, -1000.0, -5.0, -0.1]), key)
+    assert np.isfinite(rates).all() and (rates >= 0).all() and (rates <= 1).all()
+    assert (np.diff(rates) >= 0).all()  # still non-decreasing in rho

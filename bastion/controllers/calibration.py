@@ -54,6 +54,11 @@ def sampling_key(sampling: SamplingConfig) -> SamplingKey:
     return (round(sampling.temperature, 4), round(sampling.top_p, 4), int(sampling.top_k))
 
 
+def _factor(rate: float, raw: float) -> float:
+    """A bin's correction factor (calibrated rate over its mean raw score), 1 where the raw mean is 0."""
+    return float(rate / raw) if raw > 0 else 1.0
+
+
 def _pava(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Weighted isotonic (non-decreasing) regression of ``values`` [B] by pool-adjacent-violators."""
     blocks: list[list[float]] = []  # [mean, weight, count]
@@ -138,12 +143,13 @@ class AcceptanceCalibrator:
         xs, ys, raw = table.rates
         z = self._logit(log_scores)
         out = np.interp(z, xs, ys)
-        # beyond the seen bins: the nearest seen bin's correction factor, capped to stay monotone
+        # beyond the seen bins: the nearest seen bin's correction factor, capped to stay monotone (a bin
+        # whose scores all underflowed to rho = 0 has no factor: the raw score is used as it is)
         below, above = z < xs[0], z > xs[-1]
         if below.any():
-            out[below] = np.minimum(np.exp(log_scores[below]) * (ys[0] / raw[0]), ys[0])
+            out[below] = np.minimum(np.exp(log_scores[below]) * _factor(ys[0], raw[0]), ys[0])
         if above.any():
-            out[above] = np.clip(np.exp(log_scores[above]) * (ys[-1] / raw[-1]), ys[-1], 1.0)
+            out[above] = np.clip(np.exp(log_scores[above]) * _factor(ys[-1], raw[-1]), ys[-1], 1.0)
         return out
 
     def observe(self, log_scores: np.ndarray, accepted: np.ndarray, key: SamplingKey) -> None:
