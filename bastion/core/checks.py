@@ -100,10 +100,8 @@ def check_next_tokens(tokens: Any, rows: int, vocab_size: int, verifier: object)
         raise ComponentError(f"{who}: next_tokens must return one token per row ({rows}), got {tokens!r}")
     out = []
     for tok in got:
-        if type(tok) is int and 0 <= tok < vocab_size:  # the usual answer (a host list of ints): no ABC check
-            out.append(tok)
-            continue
-        if isinstance(tok, bool) or not isinstance(tok, numbers.Integral) or not 0 <= int(tok) < vocab_size:
+        # a host list of ints is the usual answer: the ABC check only for other integer types
+        if type(tok) is not int and (isinstance(tok, bool) or not isinstance(tok, numbers.Integral)) or not 0 <= int(tok) < vocab_size:
             raise ComponentError(f"{who}: next token {tok!r} is not a token id in the vocabulary [0, {vocab_size})")
         out.append(int(tok))
     return out

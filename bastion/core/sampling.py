@@ -133,10 +133,10 @@ def sample_rows(
         return logits.argmax(dim=-1)
     out = []
     for i, (s, g) in enumerate(zip(sampling, generators, strict=True)):
-        if s.uniforms is not None and s.uniforms.dim() == 0:
-            s = attrs.evolve(s, uniforms=s.uniforms.reshape(1))
-        out.append(sample_tokens(logits[i : i + 1], s, g))  # [1]
-    return torch.cat(out)
+        # a scalar uniform (or none) draws from the row itself, a [1] one from the row as a one-node tree
+        row = logits[i] if s.uniforms is None or s.uniforms.dim() == 0 else logits[i : i + 1]
+        out.append(sample_tokens(row, s, g).reshape(1))  # [1]
+    return out[0] if len(out) == 1 else torch.cat(out)
 
 
 def sample_tokens(

@@ -91,13 +91,11 @@ class ExactVerifier(Verifier):
         sampling: Sequence[SamplingConfig],
         generators: Sequence[torch.Generator | None],
     ) -> list[int]:
-        """A plain batched step: each row's own choice from ``logits`` [B, V] (one argmax when greedy,
-        else each row's draw from its stream) and one host transfer; no trees, no verdicts."""
+        """A plain step (batched, or one sequence): each row's own choice from ``logits`` [B, V] (one
+        argmax when greedy, else each row's draw from its stream) and one host transfer; no trees, no
+        verdicts."""
         if logits.dim() != 2 or logits.shape[0] != len(roots):
             raise InvalidInputError(f"logits must be [B, V] with B = {len(roots)} rows, got {tuple(logits.shape)}")
-        if len(roots) == 1 and (sampling[0].uniforms is None or sampling[0].uniforms.dim() == 0):
-            # one sequence's plain step: its one draw, the same token sample_rows gives, without the row loop
-            return [to_host(sample_tokens(logits[0], sampling[0], generators[0]), "verify")]
         return to_host(sample_rows(logits, sampling, generators), "verify")  # [B]
 
 
