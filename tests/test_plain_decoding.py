@@ -20,7 +20,7 @@ from bastion.testing.tiny import tiny_model
 
 NEW = 24
 #: forces a switch every step or two: probe, 1 plain step, probe, 2 plain steps, probe, ...
-SWITCHING = dict(margin=math.inf, min_backoff=1, max_backoff=2)
+SWITCHING = dict(margin=math.inf, min_backoff=1, max_backoff=2, probe_share=None)
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,3 +229,26 @@ def test_a_verifier_whose_next_token_lies_outside_the_vocabulary_is_named_in_sin
         pipe.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=12, stop_on_eos=False)
     with pytest.raises(ComponentError, match="Counting.*vocabulary"):
         pipe.generate_batch([[5, 6, 7], [8, 9]], max_new_tokens=12, stop_on_eos=False)
+
+
+def test_the_controller_reports_a_failed_probes_cost_in_plain_steps_and_the_gate_cap_follows_it():
+    from bastion.core.types import StepFeedback
+
+    ctrl = BastionController(calibration=False, gate=dict(min_backoff=1, max_backoff=8, probe_share=0.01))
+    gate, latency = ctrl.gate, FixedLatencyModel()
+    ctrl.begin(bastion.core.SamplingConfig(temperature=1.0))
+    root = torch.zeros(1)
+    plain = StepFeedback(drafted=False, log_scores=root, accepted_nodes=torch.zeros(1, dtype=torch.long), context_len=10,
+                         verify_s=0.002, overhead_s=0.0)
+    probe = StepFeedback(drafted=True, log_scores=torch.tensor([0.0, -0.1, -0.2]), accepted_nodes=torch.zeros(1, dtype=torch.long),
+                         context_len=10, verify_s=0.004, overhead_s=0.004)  # 4 plain steps' time, 1 token
+    bad = torch.tensor([0.0] + [-30.0] * 7)  # a tree predicted never to be accepted: no gain
+    for _ in range(200):
+        if ctrl.speculate():
+            ctrl.decide(bad, 10, latency, 0.004)
+            ctrl.observe(probe)
+        else:
+            ctrl.observe(plain)
+    assert gate.probe_excess == pytest.approx(3.0)  # 0.008 s / 0.002 s - 1 token
+    assert gate.cap == 300
+    assert gate.backoff > 8  # beyond max_backoff: the probes are expensive

@@ -119,8 +119,67 @@ def test_a_setting_that_ended_speculating_starts_its_next_sequence_speculating()
 @pytest.mark.parametrize(
     "kwargs",
     [dict(margin=-1.0), dict(margin=math.nan), dict(smoothing=0.0), dict(smoothing=1.5), dict(min_backoff=0),
-     dict(min_backoff=8, max_backoff=4), dict(growth=0.5), dict(max_backoff=2.5)],
+     dict(min_backoff=8, max_backoff=4), dict(growth=0.5), dict(max_backoff=2.5), dict(probe_share=0.0),
+     dict(probe_share=1.5), dict(probe_share=math.nan), dict(max_backoff=64, ceiling=32)],
 )
 def test_bad_gate_parameters_raise_invalid_input(kwargs):
     with pytest.raises(InvalidInputError):
         SpeculationGate(**kwargs)
+
+
+def run_with_probe_cost(gate: SpeculationGate, excess: float, steps: int) -> list[bool]:
+    """Drive a gate whose every drafted step has no gain and, after it, reports ``excess`` plain steps."""
+    drafted = []
+    for _ in range(steps):
+        d = gate.should_draft()
+        drafted.append(d)
+        if d:
+            gate.update(0.0)
+            gate.observe_probe_cost(excess)
+    return drafted
+
+
+def test_expensive_failed_probes_raise_the_cap_so_they_cost_at_most_the_probe_share():
+    gate = SpeculationGate(min_backoff=4, max_backoff=64, growth=2.0, probe_share=0.01)
+    drafted = run_with_probe_cost(gate, 3.0, 3000)
+    assert gate.probe_excess == pytest.approx(3.0)
+    assert gate.cap == 300  # ceil(3.0 / 0.01), above max_backoff
+    where = [i for i, d in enumerate(drafted) if d]
+    gaps = [b - a - 1 for a, b in zip(where, where[1:])]
+    assert gaps[:5] == [4, 8, 16, 32, 64]  # the ramp is unchanged
+    assert max(gaps) == 300 and gaps[-1] == 300
+    # in the long run, the probes' excess stays within the share of the plain steps
+    tail = where[-4:]
+    assert 3.0 * (len(tail) - 1) <= 0.01 * (tail[-1] - tail[0])
+
+
+def test_cheap_failed_probes_keep_the_cap_at_max_backoff_and_the_ceiling_bounds_it():
+    cheap = SpeculationGate(max_backoff=64, probe_share=0.05)
+    run_with_probe_cost(cheap, 1.0, 500)
+    assert cheap.cap == 64  # 1.0 / 0.05 = 20 is under max_backoff
+    costly = SpeculationGate(max_backoff=64, probe_share=0.001, ceiling=1000)
+    run_with_probe_cost(costly, 50.0, 500)
+    assert costly.cap == 1000
+    fixed = SpeculationGate(max_backoff=64, probe_share=None)
+    run_with_probe_cost(fixed, 50.0, 500)
+    assert fixed.cap == 64 and fixed.probe_excess == 50.0  # measured, not used
+
+
+def test_probe_costs_count_only_after_a_probe_that_did_not_pay():
+    gate = SpeculationGate(min_backoff=2, max_backoff=16, smoothing=1.0, probe_share=0.01)
+    gate.observe_probe_cost(9.0)  # nothing was decided yet
+    assert gate.probe_excess is None
+    assert gate.should_draft()
+    gate.update(3.0)  # the first step pays: speculation goes on
+    gate.observe_probe_cost(9.0)
+    assert gate.probe_excess is None
+    assert gate.should_draft()
+    gate.update(0.2)  # speculation stops paying: not a probe
+    gate.observe_probe_cost(9.0)
+    assert gate.probe_excess is None
+    while not gate.should_draft():
+        pass
+    gate.update(0.2)  # a probe that did not pay: its cost counts, once
+    gate.observe_probe_cost(4.0)
+    gate.observe_probe_cost(100.0)
+    assert gate.probe_excess == 4.0

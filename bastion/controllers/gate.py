@@ -19,11 +19,18 @@ verifying one token is never faster than not drafting). The rule:
   ``max_backoff``) and plain decoding continues.
 
 With a drafter that never pays, drafting is limited to the probes: at most one step in
-``max_backoff + 1`` in the long run. With one that always pays, the switch never turns off.
+``cap + 1`` in the long run. With one that always pays, the switch never turns off.
 
-The default cap of 256 keeps the cost of probes that do not pay under about 1% of plain decoding when
-a probe costs two plain steps (the demo pair on a CPU); :meth:`start` carries the countdown across the
-requests of one sampling setting.
+The cap is cost-aware. A probe that does not pay costs its own time less the plain steps it replaced;
+the controller reports that excess, in plain steps, after each such probe (:meth:`observe_probe_cost`),
+and the gate keeps a running mean ``E`` of it. The cap is then
+
+    cap = min(ceiling, max(max_backoff, ceil(E / probe_share)))
+
+so in the long run probes that do not pay cost at most ``probe_share`` of plain decoding (0.5% by
+default) whatever a probe costs on this hardware, and never fewer than ``max_backoff`` plain steps
+separate them (on the demo pair on a CPU a failed probe costs about 2.7 plain steps: a cap of about 540).
+:meth:`start` carries the countdown across the requests of one sampling setting.
 
 The gate holds per-sequence state only: call :meth:`reset` at the start of each sequence. A batched
 decoder keeps one gate for the whole batch and calls :meth:`should_draft` once per batched step.
@@ -53,6 +60,12 @@ class SpeculationGate:
         Plain steps before the first probe, and the cap of the growing back-off.
     growth:
         Factor applied to the back-off after each probe that did not pay.
+    probe_share:
+        The long-run share of plain decoding that probes which do not pay may cost: the back-off cap
+        rises above ``max_backoff`` (up to ``ceiling``) when probes cost more than ``max_backoff *
+        probe_share`` plain steps. None keeps the cap at ``max_backoff``.
+    ceiling:
+        The largest cap ``probe_share`` may set.
     """
 
     def __init__(
@@ -63,6 +76,8 @@ class SpeculationGate:
         min_backoff: int = 4,
         max_backoff: int = 256,
         growth: float = 2.0,
+        probe_share: float | None = 0.005,
+        ceiling: int = 4096,
     ) -> None:
         if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin == math.inf):
             margin = check_number("margin", margin)  # a finite margin >= 0, or inf (never trust speculation)
@@ -74,11 +89,24 @@ class SpeculationGate:
         if max_backoff < min_backoff:
             raise InvalidInputError(f"max_backoff ({max_backoff}) is below min_backoff ({min_backoff})")
         growth = check_number("growth", growth, low=1.0)
+        if probe_share is not None:
+            probe_share = check_number("probe_share", probe_share, strict=True)
+            if probe_share > 1:
+                raise InvalidInputError(f"probe_share must be in (0, 1] or None, got {probe_share!r}")
+        ceiling = check_int("ceiling", ceiling)
+        if ceiling < max_backoff:
+            raise InvalidInputError(f"ceiling ({ceiling}) is below max_backoff ({max_backoff})")
         self.margin = float(margin)
         self.smoothing = float(smoothing)
         self.min_backoff = min_backoff
         self.max_backoff = max_backoff
         self.growth = float(growth)
+        self.probe_share = None if probe_share is None else float(probe_share)
+        self.ceiling = ceiling
+        #: running mean of what a probe that did not pay cost beyond the plain steps it replaced, in
+        #: plain steps (None until the controller reports one); it sets :attr:`cap`
+        self.probe_excess: float | None = None
+        self._cost_due = False  # the last update was a probe that did not pay: its cost is due
         #: per sampling key, how its last sequence ended: (speculating, backoff, gain, plain steps left before the probe)
         self._ended: dict[object, tuple[bool, int, float | None, int]] = {}
         self._key: object = None
@@ -109,6 +137,7 @@ class SpeculationGate:
         self._probing = True
         self.probes = 0  # speculative steps taken while switched off (the first step counts)
         self.plain_steps = 0
+        self._cost_due = False
 
     def should_draft(self) -> bool:
         """Whether this step drafts; call exactly once per step (it counts the plain steps)."""
@@ -124,6 +153,7 @@ class SpeculationGate:
     def update(self, gain: float) -> None:
         """Report the gain of the speculative step just decided (see the module doc)."""
         gain = float(gain) if math.isfinite(gain) else 0.0
+        self._cost_due = False
         if self._probing:
             self.probes += 1
             self.gain = gain
@@ -134,15 +164,37 @@ class SpeculationGate:
             self.speculating = True
             self.backoff = self.min_backoff
         elif self._probing and not self.speculating:  # a probe that did not pay: wait longer next time
-            self.backoff = min(self.max_backoff, max(self.backoff + 1, int(math.ceil(self.backoff * self.growth))))
+            self.backoff = min(self.cap, max(self.backoff + 1, int(math.ceil(self.backoff * self.growth))))
             self.wait = self.backoff
+            self._cost_due = True
         else:  # speculation stopped paying: plain decoding until the first probe
             self.speculating = False
             self.wait = self.backoff
         self._probing = False
 
+    @property
+    def cap(self) -> int:
+        """The largest back-off: ``max_backoff``, raised so that probes which do not pay cost at most
+        ``probe_share`` of plain decoding (see the module doc)."""
+        if self.probe_share is None or self.probe_excess is None:
+            return self.max_backoff
+        wanted = math.ceil(self.probe_excess / self.probe_share)
+        return int(min(self.ceiling, max(self.max_backoff, wanted)))
+
+    def observe_probe_cost(self, excess_steps: float) -> None:
+        """Report what the step just verified cost beyond the plain steps it replaced, in plain steps
+        (its seconds over a plain step's, less the tokens it emitted). Only a probe that did not pay is
+        counted; any other report is ignored."""
+        if not self._cost_due:
+            return
+        self._cost_due = False
+        if not math.isfinite(excess_steps):
+            return
+        excess = max(0.0, float(excess_steps))
+        self.probe_excess = excess if self.probe_excess is None else 0.5 * (self.probe_excess + excess)
+
     def __repr__(self) -> str:
         return (
             f"SpeculationGate(margin={self.margin}, smoothing={self.smoothing}, min_backoff={self.min_backoff}, "
-            f"max_backoff={self.max_backoff}, growth={self.growth})"
+            f"max_backoff={self.max_backoff}, growth={self.growth}, probe_share={self.probe_share}, ceiling={self.ceiling})"
         )

@@ -58,9 +58,10 @@ Prompt = Any
 #: weight of the newest step in the running mean of per-step non-verify overhead
 _OVERHEAD_EMA = 0.2
 
-#: during a run of plain steps, one verify time in this many goes to the latency model (they all time
-#: n = 1, and every observation costs the model a little bookkeeping and, now and then, a refit)
-_PLAIN_LATENCY_EVERY = 32
+#: during a run of plain steps, one step in this many is reported to the latency model and the budget
+#: controller (the steps are all alike: n = 1, no draft; every report costs a little bookkeeping and,
+#: in the latency model, now and then a refit, which a plain step cannot afford)
+_PLAIN_REPORT_EVERY = 32
 
 
 def _check_instance(kind: str, obj: Any) -> Any:
@@ -476,8 +477,10 @@ class Pipeline:
                 break
             # a tree of depth d emits at most d + 1 tokens: never draft deeper than the tokens still wanted
             max_depth = min(room, max_new_tokens - len(out) - 1)
-            drafting = max_depth >= 1 and self.budget_controller.speculate()
-            outcome = self._step(root, ctx, max_depth, sampling, generator, draft_temperature, stream, drafting=drafting)
+            if max_depth >= 1 and self.budget_controller.speculate():
+                outcome = self._step(root, ctx, max_depth, sampling, generator, draft_temperature, stream)
+            else:  # one token left to emit, no position to draft into, or the controller says plain
+                outcome = self._plain_step(root, ctx, sampling, generator, stream)
             record, verdict = outcome.record, outcome.verdict
             emitted = list(verdict.emitted)[: max_new_tokens - len(out)]
             for i, tok in enumerate(emitted):
@@ -567,12 +570,10 @@ class Pipeline:
         generator: torch.Generator | None,
         draft_temperature: float,
         stream: PositionalStream | None = None,
-        *,
-        drafting: bool = True,
     ) -> StepOutcome:
-        """One decode step: speculative (draft, build, decide n, verify) when ``drafting`` and there is
-        room to draft, else plain (:meth:`_plain_step`: the target alone verifies the root)."""
-        if not drafting or max_depth < 1:  # one token left to emit or no position to draft into: plain
+        """One speculative step (draft, build, decide n, verify) when there is room to draft
+        (``max_depth`` >= 1), else a plain one (:meth:`_plain_step`: the target alone verifies the root)."""
+        if max_depth < 1:  # one token left to emit or no position to draft into: plain
             return self._plain_step(root, ctx, sampling, generator, stream)
         layers = self.drafter.feature_layers
         t0 = time.perf_counter()
@@ -674,19 +675,20 @@ class Pipeline:
         self.drafter.commit(tree.tokens, out.features)  # the features the plain forward already produced
         t3 = time.perf_counter()
         self._plain_steps += 1
-        # plain steps all time n = 1: the first of a run and then one in _PLAIN_LATENCY_EVERY will do
-        if (self._plain_steps - 1) % _PLAIN_LATENCY_EVERY == 0:
+        # plain steps are all alike (n = 1, no draft): the first of a run and then one in
+        # _PLAIN_REPORT_EVERY go to the latency model and the controller, which keep running means
+        if (self._plain_steps - 1) % _PLAIN_REPORT_EVERY == 0:
             self.latency_model.observe(1, ctx, t2 - t0)  # forward + the read of its choice
-        self.budget_controller.observe(
-            StepFeedback(
-                drafted=False,
-                log_scores=self._root_only[2],
-                accepted_nodes=nodes,
-                context_len=ctx,
-                verify_s=t2 - t0,
-                overhead_s=t3 - t2,
+            self.budget_controller.observe(
+                StepFeedback(
+                    drafted=False,
+                    log_scores=self._root_only[2],
+                    accepted_nodes=nodes,
+                    context_len=ctx,
+                    verify_s=t2 - t0,
+                    overhead_s=t3 - t2,
+                )
             )
-        )
         timings = StageTimings(verify=t1 - t0, accept=t2 - t1, commit=t3 - t2, other=time.perf_counter() - t3)
         return StepOutcome(record=StepRecord.plain(ctx, timings), verdict=verdict)
 
