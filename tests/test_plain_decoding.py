@@ -92,7 +92,8 @@ def _planted_pipeline(accept_rate: float, confidence: float, prompt: list[int], 
 
 def test_an_always_wrong_drafter_drafts_on_probes_only_and_costs_about_one_forward_per_token():
     prompt, new = [5, 17, 99, 3], 160
-    pipe, drafter, ctrl = _planted_pipeline(0.0, 0.99, prompt, new)
+    # the back-off schedule alone (no cost-aware stretching: it follows wall-clock probe costs)
+    pipe, drafter, ctrl = _planted_pipeline(0.0, 0.99, prompt, new, gate=dict(probe_share=None))
     first = pipe.generate(torch.tensor([prompt]), max_new_tokens=new, temperature=0.0, stop_on_eos=False)
     assert first.tokens == _greedy_through_eos(tuple(prompt), new)
     assert all(s.accepted == 0 for s in first.steps)

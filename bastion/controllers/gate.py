@@ -30,6 +30,9 @@ and the gate keeps a running mean ``E`` of it. The cap is then
 so in the long run probes that do not pay cost at most ``probe_share`` of plain decoding (0.5% by
 default) whatever a probe costs on this hardware, and never fewer than ``max_backoff`` plain steps
 separate them (on the demo pair on a CPU a failed probe costs about 2.7 plain steps: a cap of about 540).
+On the way to the cap, the wait after a probe that did not pay is the back-off times ``max(1, E)``
+(capped): a probe that costs E plain steps more than the step it replaced costs the same share of the
+wait before it as a probe that costs one.
 :meth:`start` carries the countdown across the requests of one sampling setting.
 
 The gate holds per-sequence state only: call :meth:`reset` at the start of each sequence. A batched
@@ -164,8 +167,11 @@ class SpeculationGate:
             self.speculating = True
             self.backoff = self.min_backoff
         elif self._probing and not self.speculating:  # a probe that did not pay: wait longer next time
-            self.backoff = min(self.cap, max(self.backoff + 1, int(math.ceil(self.backoff * self.growth))))
-            self.wait = self.backoff
+            cap = self.cap
+            self.backoff = min(cap, max(self.backoff + 1, int(math.ceil(self.backoff * self.growth))))
+            # probes dearer than a plain step wait proportionally longer: the same share of the wait
+            scale = 1.0 if self.probe_share is None or self.probe_excess is None else max(1.0, self.probe_excess)
+            self.wait = min(cap, int(math.ceil(self.backoff * scale)))
             self._cost_due = True
         else:  # speculation stopped paying: plain decoding until the first probe
             self.speculating = False
