@@ -2,7 +2,8 @@
 
 For each batch size B the prompts are cut into consecutive groups of B and every method decodes every
 group with ``generate_batch`` (batched ``ar`` included: one target forward per step for all rows), in
-an order rotated per group, after one unrecorded batch per method at that size. A method's throughput
+balanced orders (:func:`bastion.bench.runner.balanced_orders`, one per group), after one unrecorded
+batch per method at that size. A method's throughput
 at B is its total new tokens over its total wall seconds; the speedup is over batched ``ar`` at the
 same B. The same ratios are also reported over the decoding thread's CPU seconds (with one torch
 thread that is all the compute, and other processes on a shared machine barely move it). With
@@ -20,7 +21,7 @@ from attrs import asdict, field, frozen
 
 from bastion.bench.methods import ADAPTIVE, AR, build_decoder, parse_method
 from bastion.bench.reporting import _f, _table
-from bastion.bench.runner import BenchConfig, _progress, drafter_dtype, load_prompts
+from bastion.bench.runner import BenchConfig, _progress, balanced_orders, drafter_dtype, load_prompts
 from bastion.bench.templates import TemplateStyle, encode_prompt
 from bastion.core.errors import InvalidInputError
 from bastion.core.target import Target
@@ -90,6 +91,7 @@ def run_batch_sweep(
     groups_total = sum(-(-len(encoded) // b) for b in sizes)
     bar = _progress(groups_total * len(names) * config.repeats, progress)
     points: list[BatchPoint] = []
+    orders = balanced_orders(len(names))
     try:
         for b in sizes:
             if config.warmup_tokens > 0:  # one unrecorded batch per method at this size: first-call costs stay out
@@ -98,7 +100,7 @@ def run_batch_sweep(
             groups = [encoded[i : i + b] for i in range(0, len(encoded), b)]
             runs: dict[str, list[_Run]] = {n: [] for n in names}
             for g, group in enumerate(groups):
-                order = names[g % len(names) :] + names[: g % len(names)]
+                order = [names[j] for j in orders[g % len(orders)]]
                 best: dict[str, _Run] = {}
                 for _ in range(config.repeats):
                     for name in order:

@@ -1,7 +1,10 @@
 """Runs every method on every prompt, interleaved per prompt, and collects the results.
 
-For each prompt all methods run back to back, in an order rotated by one place per prompt, so slow
-drift of the machine (thermal state, other load) and order effects (caches) fall on every method alike.
+For each prompt all methods run back to back, in orders from a balanced (Williams) design: over every
+``n`` prompts (``2n`` for an odd number ``n`` of methods) each method runs first equally often and runs
+right after each other method equally often. Slow drift of the machine (thermal state, other load) and
+carry-over effects fall on every method alike: a method run right after a heavy one can be slowed for
+its whole run (caches, the memory allocator's state), so a fixed neighbour would bias it.
 With ``repeats > 1`` the round over all methods is repeated and each method keeps its fastest run of
 the prompt (outputs are identical across repeats; the minimum filters bursts of foreign load).
 """
@@ -21,13 +24,13 @@ from bastion.bench.families import split_family
 from bastion.bench.methods import AR, ADAPTIVE, Decoder, MethodSpec, build_decoder, default_methods, parse_method
 from bastion.bench.metrics import DatasetSummary, MethodStats, PromptRun, aggregate, latency_points, summarize
 from bastion.bench.templates import TemplateStyle, encode_prompt
-from bastion.core.checks import optional_positive_int, positive_int
+from bastion.core.checks import check_int, optional_positive_int, positive_int
 from bastion.core.errors import InvalidInputError
 from bastion.core.target import Target
 from bastion.core.types import GenerationResult, SamplingConfig
 from bastion.distributed import DistContext, gather_objects, shard
 
-__all__ = ["BenchConfig", "BenchRun", "LatencyFit", "QUICK", "load_prompts", "run_bench", "run_bench_temperatures", "fit_latency"]
+__all__ = ["BenchConfig", "BenchRun", "LatencyFit", "QUICK", "balanced_orders", "load_prompts", "run_bench", "run_bench_temperatures", "fit_latency"]
 
 DEFAULT_DATASETS: tuple[str, ...] = ("gsm8k", "humaneval", "mt_bench")
 
@@ -120,6 +123,23 @@ def fit_latency(model: Any, points: Sequence[tuple[int, int, float]]) -> Latency
     return LatencyFit(points=pts, predicted=predicted, mean_abs_rel_error=(sum(errs) / len(errs)) if errs else None)
 
 
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of ``n`` methods (indices) in which each runs first equally often and right after each
+    other method equally often: a Williams design, ``n`` orders for even ``n`` and ``2n`` (each order
+    and its reverse) for odd ``n``."""
+    n = check_int("methods", n)
+    first = [0]
+    lo, hi = 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    rows = [[(j + k) % n for j in first] for k in range(n)]
+    return rows if n % 2 == 0 or n == 1 else rows + [row[::-1] for row in rows]
+
+
 def run_bench(
     config: BenchConfig,
     target: Target,
@@ -168,13 +188,13 @@ def run_bench(
 
     runs: list[PromptRun] = []
     names = [s.name for s in specs]
+    orders = balanced_orders(len(names))
     mine = shard(range(len(prompts)), ctx) if ctx is not None else list(range(len(prompts)))
     bar = _progress(len(mine) * len(names) * config.repeats, progress and (ctx is None or ctx.is_main))
     try:
         for i in mine:
             prompt, ids = prompts[i], encoded[i]
-            shift = i % len(names)
-            order = names[shift:] + names[:shift]
+            order = [names[j] for j in orders[i % len(orders)]]
             fastest: dict[str, GenerationResult] = {}
             for _ in range(config.repeats):  # whole rounds, so a burst of load hits every method alike
                 for name in order:
@@ -193,7 +213,7 @@ def run_bench(
             return None
         runs, total_s = pooled
 
-    # keep the configured method order in every table, whatever the rotation did
+    # keep the configured method order in every table, whatever order each prompt ran them in
     order = {n: k for k, n in enumerate(names)}
     runs_sorted = sorted(runs, key=lambda r: order[r.method])
     stats = aggregate(runs_sorted, reference=AR, check_equal=config.temperature == 0.0)

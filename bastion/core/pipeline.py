@@ -561,6 +561,7 @@ class Pipeline:
             )
         return results
 
+    @torch.inference_mode()
     def _step(
         self,
         root: int,
@@ -647,6 +648,7 @@ class Pipeline:
         )
         return StepOutcome(record=record, verdict=verdict)
 
+    @torch.inference_mode()
     def _plain_step(
         self,
         root: int,
