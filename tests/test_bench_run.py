@@ -48,10 +48,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def calls(pair, data_dir: Path):
-    """Run the benchmark once, recording the order in which decoders are called."""
-    order: list[str] = []
+def _recording_build(order: list[str]):
+    """A ``build_decoder`` whose decoders append their method's name to ``order`` on every call."""
     real_build = bench_runner.build_decoder
 
     def recording_build(spec, *args, **kwargs):
@@ -64,6 +62,15 @@ def calls(pair, data_dir: Path):
 
         dec.generate = generate  # type: ignore[method-assign]
         return dec
+
+    return recording_build
+
+
+@pytest.fixture(scope="module")
+def calls(pair, data_dir: Path):
+    """Run the benchmark once, recording the order in which decoders are called."""
+    order: list[str] = []
+    recording_build = _recording_build(order)
 
     cfg = BenchConfig(
         datasets=("gsm8k", "mt_bench"), methods=METHODS, limit=2, max_new_tokens=10, max_nodes=8,
@@ -355,18 +362,7 @@ def test_each_method_follows_every_other_method_equally_often_within_prompts(pai
     rows = n if n % 2 == 0 else 2 * n  # a balanced design needs n orders (n even) or 2n (n odd)
     prompts = [Prompt(dataset="gsm8k", domain="math", id=str(i), text=f"question {i}?") for i in range(rows)]
     order: list[str] = []
-    real_build = bench_runner.build_decoder
-
-    def recording_build(spec, *args, **kwargs):
-        dec = real_build(spec, *args, **kwargs)
-        real_generate = dec.generate
-
-        def generate(*a, **k):
-            order.append(spec.name)
-            return real_generate(*a, **k)
-
-        dec.generate = generate  # type: ignore[method-assign]
-        return dec
+    recording_build = _recording_build(order)
 
     cfg = BenchConfig(datasets=("gsm8k",), methods=methods, limit=None, max_new_tokens=2, max_nodes=4,
                       warmup_tokens=0, repeats=1)
