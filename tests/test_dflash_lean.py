@@ -87,3 +87,58 @@ def test_a_draft_capped_at_max_depth_runs_the_head_on_those_depths_only_with_unc
     finally:
         hook.remove()
     assert rows == [1, 3, 7, 7]  # the lm head ran on the returned depths only
+
+
+def _fused_model() -> DFlashDraftModel:
+    torch.manual_seed(7)
+    cfg = DFlashConfig(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       num_hidden_layers=2, vocab_size=128, num_target_layers=2, block_size=5,
+                       target_layer_ids=(0, 1), mask_token_id=3)
+    return DFlashDraftModel(cfg).eval()
+
+
+def _block_hidden(model: DFlashDraftModel, feats: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    c = feats.shape[1]
+    return model(blocks, torch.arange(c, c + blocks.shape[1]), feats, torch.arange(c))
+
+
+def test_fused_inference_projections_give_the_layer_by_layer_outputs_and_follow_weight_updates() -> None:
+    from bastion.drafters.dflash.fused import FusedLinears
+
+    model = _fused_model()
+    gen = torch.Generator().manual_seed(1)
+    feats = torch.randn(1, 9, model.config.feature_size, generator=gen)
+    blocks = torch.randn(2, 5, 64, generator=gen)
+    with torch.enable_grad():  # autograd recording: every layer runs on its own
+        layer_by_layer = _block_hidden(model, feats, blocks).detach()
+    with torch.inference_mode():  # one product per fused group
+        fused = _block_hidden(model, feats, blocks)
+    torch.testing.assert_close(fused, layer_by_layer, atol=1e-6, rtol=1e-6)
+    assert isinstance(model.layers[0].self_attn._qkv, FusedLinears) and model.layers[0].self_attn._qkv._weight is not None
+    # an in-place update (an optimizer step, load_state_dict) is seen at the next inference call
+    with torch.no_grad():
+        model.layers[0].self_attn.k_proj.weight.mul_(1.5)
+        model.layers[1].mlp.up_proj.weight.add_(0.01)
+    with torch.enable_grad():
+        updated = _block_hidden(model, feats, blocks).detach()
+    with torch.inference_mode():
+        torch.testing.assert_close(_block_hidden(model, feats, blocks), updated, atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(updated, layer_by_layer)
+
+
+def test_fused_linears_keep_no_copy_for_large_layers_and_let_gradients_reach_each_layer() -> None:
+    from bastion.drafters.dflash.fused import FusedLinears
+
+    a, b = torch.nn.Linear(8, 6), torch.nn.Linear(8, 4, bias=False)
+    x = torch.randn(3, 8)
+    small, large = FusedLinears(a, b), FusedLinears(a, b, max_elements=79)  # 10 x 8 = 80 elements
+    with torch.no_grad():
+        for fused in (small, large):
+            ya, yb = fused(x)
+            torch.testing.assert_close(ya, a(x), atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(yb, b(x), atol=1e-6, rtol=1e-6)
+    assert small._weight is not None and small._weight.shape == (10, 8)
+    assert large._weight is None  # over the size limit: no concatenated copy
+    ya, yb = small(x)  # with autograd recording, the layers' own parameters get the gradients
+    (ya.sum() + yb.sum()).backward()
+    assert a.weight.grad is not None and b.weight.grad is not None

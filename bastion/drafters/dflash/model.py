@@ -67,6 +67,7 @@ from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.files import read_json_object
 from bastion.drafters.dflash.checkpoint import load_dflash_state_dict, read_weight_shapes, resolve_checkpoint_dir
 from bastion.drafters.dflash.config import _ACTIVATIONS, CONFIG_NAME, WEIGHTS_NAME, DFlashConfig
+from bastion.drafters.dflash.fused import FusedLinears
 
 __all__ = ["DFlashDraftModel", "ContextKV", "expected_weight_shapes"]
 
@@ -193,12 +194,20 @@ class DFlashAttention(nn.Module):
         self.o_proj = nn.Linear(h * d, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(d, config.rms_norm_eps)
         self.k_norm = RMSNorm(d, config.rms_norm_eps)
+        self._qkv = FusedLinears(self.q_proj, self.k_proj, self.v_proj)  # one product at inference
+        self._kv = FusedLinears(self.k_proj, self.v_proj)
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of inputs ``x`` [N, S, H] -> two [N, h_kv, S, D]."""
-        n, s, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(n, s, self.n_kv, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(n, s, self.n_kv, self.head_dim).transpose(1, 2)
+        return self._keys_values(*self._kv(x), cos, sin)
+
+    def _keys_values(
+        self, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected keys / values [N, S, h_kv * D] -> normed, rotated keys and values, two [N, h_kv, S, D]."""
+        n, s, _ = k.shape
+        k = self.k_norm(k.view(n, s, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = v.view(n, s, self.n_kv, self.head_dim).transpose(1, 2)
         return _apply_rope(k, cos, sin), v
 
     def forward(
@@ -212,9 +221,10 @@ class DFlashAttention(nn.Module):
         tail: int = 0,  # scratch slots after the C context slots of ctx_k / ctx_v
     ) -> torch.Tensor:
         n, s, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(n, s, self.n_heads, self.head_dim)).transpose(1, 2)  # [N, h, S, D]
+        q, k_lin, v_lin = self._qkv(x)  # [N, S, h * D], two [N, S, h_kv * D]
+        q = self.q_norm(q.view(n, s, self.n_heads, self.head_dim)).transpose(1, 2)  # [N, h, S, D]
         q = _apply_rope(q, cos, sin)
-        k_blk, v_blk = self.kv(x, cos, sin)  # [N, h_kv, S, D]
+        k_blk, v_blk = self._keys_values(k_lin, v_lin, cos, sin)  # [N, h_kv, S, D]
         c = ctx_k.shape[2] - tail
         if tail >= s and ctx_k.shape[0] == n and not torch.is_grad_enabled():
             # the block's keys/values go into the scratch slots in place: no copy of the context
@@ -235,9 +245,11 @@ class DFlashMLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.act = _ACTIVATIONS[config.hidden_act]
+        self._gate_up = FusedLinears(self.gate_proj, self.up_proj)  # one product at inference
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self._gate_up(x)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DFlashLayer(nn.Module):
