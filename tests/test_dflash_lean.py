@@ -142,3 +142,36 @@ def test_fused_linears_keep_no_copy_for_large_layers_and_let_gradients_reach_eac
     ya, yb = small(x)  # with autograd recording, the layers' own parameters get the gradients
     (ya.sum() + yb.sum()).backward()
     assert a.weight.grad is not None and b.weight.grad is not None
+
+
+def test_a_few_new_positions_are_projected_in_the_drafts_own_pass_and_many_are_cached_first() -> None:
+    from bastion.drafters.dflash import drafter as dflash_drafter
+
+    torch.manual_seed(6)
+    target = HFTarget(tiny_model("qwen3", seed=1))
+    cfg = DFlashConfig.for_target(target.config, num_layers=2, block_size=4, target_layer_ids=(0, 1), mask_token_id=255)
+    model = DFlashDraftModel(cfg).eval()
+    drafter = DFlashDrafter(model, device="cpu", dtype=torch.float32)
+    drafter.bind(target)
+    prompt = torch.randint(0, 200, (1, 5))
+    feats = target.prefill(prompt, (0, 1)).features  # [5, F]
+    drafter.begin(DraftContext(tokens=prompt[0], features=feats))
+    flushed: list[int] = []
+    real_flush = drafter._flush
+
+    def counting_flush(device):  # type: ignore[no-untyped-def]
+        flushed.append(drafter._pending_len)
+        real_flush(device)
+
+    drafter._flush = counting_flush  # type: ignore[method-assign]
+    for step, new_rows in enumerate([0, 2, 1, dflash_drafter._FRESH_MAX + 1, 3]):
+        if new_rows:
+            new = torch.randn(new_rows, feats.shape[1])
+            drafter.commit(torch.arange(new_rows), new)
+            feats = torch.cat([feats, new])
+        got = drafter.propose(DraftStep(root_token=20 + step, context_len=feats.shape[0]))
+        want = torch.log_softmax(_reference_block_logits(model, target, feats, 20 + step, 4).float(), -1)
+        torch.testing.assert_close(got.log_probs, want, atol=1e-5, rtol=1e-5)
+        assert drafter.cached_positions == feats.shape[0]  # every committed position is cached after a draft
+    # the prompt (nothing cached yet) and the long run are cached on their own; 2, 1 and 3 rows in-pass
+    assert flushed == [5, dflash_drafter._FRESH_MAX + 1]

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DFlashDrafter"]
 
+#: at most this many new context positions are projected in the draft's own pass (more are cached first)
+_FRESH_MAX = 32
+
 class _KVBuffer:
     """Growable per-layer key/value storage (capacity doubles; reads are views, appends copy only the
     new positions)."""
@@ -221,7 +224,14 @@ class DFlashDrafter(Drafter):
                 f"drafter holds {committed} committed positions but the step's context length is {step.context_len}"
             )
         device = self.model.device
-        self._flush(device)
+        # a few new positions (the last step's accepted tokens) are projected in the block's own pass;
+        # many (the prompt, a long run of plain steps) first, on their own (no wasted query rows)
+        fresh = None
+        if 0 < self._pending_len <= _FRESH_MAX and self._cache.length and not torch.is_grad_enabled():
+            fresh = torch.cat(self._pending, dim=0).to(device)[None]  # [1, P, F]
+        else:
+            self._flush(device)
+        spare = self.block_size + (0 if fresh is None else fresh.shape[1])
         k = self.block_size - 1 if step.max_depth is None else max(1, min(self.block_size - 1, step.max_depth))  # no head rows past max_depth
         block = torch.full((1, self.block_size), self.config.mask_token_id, dtype=torch.long, device=device)
         block[0, :1].fill_(int(step.root_token))  # a kernel argument: no host-to-device copy
@@ -232,9 +242,14 @@ class DFlashDrafter(Drafter):
             embed=self._embed,
             head=self._head,
             block_positions=positions,
-            past_context=self._cache.view(spare=self.block_size),
+            past_context=self._cache.view(spare=spare),
             depths=k,
+            fresh_context=fresh,
         )[0]  # [k, V]
+        if fresh is not None:  # their keys/values now sit in the first scratch slots
+            self._cache.length += fresh.shape[1]
+            self._pending = []
+            self._pending_len = 0
         # no validation read here: the tree builder's one transfer rejects NaN marginals
         return Marginals.from_logits(logits[:k].float(), temperature=step.temperature, validate=False)
 

@@ -219,7 +219,10 @@ class DFlashAttention(nn.Module):
         ctx_v: torch.Tensor,
         mask: torch.Tensor | None,  # [N, 1, S, C + S] bool (True = visible) or None
         tail: int = 0,  # scratch slots after the C context slots of ctx_k / ctx_v
+        fresh: "_Fresh | None" = None,  # context rows not yet in ctx_k / ctx_v (N = 1, no mask)
     ) -> torch.Tensor:
+        if fresh is not None:
+            return self._with_fresh_context(x, cos, sin, ctx_k, ctx_v, tail, fresh)
         n, s, _ = x.shape
         q, k_lin, v_lin = self._qkv(x)  # [N, S, h * D], two [N, S, h_kv * D]
         q = self.q_norm(q.view(n, s, self.n_heads, self.head_dim)).transpose(1, 2)  # [N, h, S, D]
@@ -236,6 +239,43 @@ class DFlashAttention(nn.Module):
             v = torch.cat([ctx_v[:, :, :c].expand(n, -1, -1, -1), v_blk], dim=2)
         out = _grouped_attention(q, k, v, mask, self.head_dim**-0.5)  # [N, h, S, D]
         return self.o_proj(out.transpose(1, 2).reshape(n, s, self.n_heads * self.head_dim))
+
+    def _with_fresh_context(
+        self,
+        x: torch.Tensor,  # [1, S, H] block hidden states
+        cos: torch.Tensor,  # [1, S, D] at block positions
+        sin: torch.Tensor,
+        ctx_k: torch.Tensor,  # [1, h_kv, C + tail, D]
+        ctx_v: torch.Tensor,
+        tail: int,  # >= P + S scratch slots after the C committed ones
+        fresh: "_Fresh",
+    ) -> torch.Tensor:
+        """The block's attention when P context positions are not cached yet: their projected vectors go
+        through the same query/key/value product as the block's rows (one product for P + S rows; the P
+        context queries are not used), and their keys/values are written into the scratch slots right
+        after the C committed ones, ahead of the block's. The caller then counts those P slots as cached."""
+        _, s, _ = x.shape
+        p = fresh.vectors.shape[1]
+        rows = torch.cat([fresh.vectors, x], dim=1)  # [1, P + S, H]
+        q, k_lin, v_lin = self._qkv(rows)
+        q = self.q_norm(q[:, p:].reshape(1, s, self.n_heads, self.head_dim)).transpose(1, 2)  # [1, h, S, D]
+        q = _apply_rope(q, cos, sin)
+        k_new, v_new = self._keys_values(k_lin, v_lin, fresh.cos, fresh.sin)  # [1, h_kv, P + S, D]
+        c = ctx_k.shape[2] - tail
+        ctx_k[:, :, c : c + p + s] = k_new
+        ctx_v[:, :, c : c + p + s] = v_new
+        out = _grouped_attention(q, ctx_k[:, :, : c + p + s], ctx_v[:, :, : c + p + s], None, self.head_dim**-0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(1, s, self.n_heads * self.head_dim))
+
+
+@frozen
+class _Fresh:
+    """Context positions projected in the block's own pass: vectors [1, P, H] and the rotary tables of
+    the P context positions followed by the S block positions, [1, P + S, D] each."""
+
+    vectors: torch.Tensor = field(eq=False)
+    cos: torch.Tensor = field(eq=False)
+    sin: torch.Tensor = field(eq=False)
 
 
 class DFlashMLP(nn.Module):
@@ -260,8 +300,8 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, tail=0):  # type: ignore[no-untyped-def]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask, tail)
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, tail=0, fresh=None):  # type: ignore[no-untyped-def]
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask, tail, fresh)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -328,6 +368,7 @@ class DFlashDraftModel(nn.Module):
         context_positions: torch.Tensor | None = None,
         context_mask: torch.Tensor | None = None,
         past_context: ContextKV | None = None,
+        fresh_context: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final (normed) hidden states ``[N, S, H]`` of blocks.
 
@@ -336,6 +377,11 @@ class DFlashDraftModel(nn.Module):
         [Nc, C, F] (Nc = 1 shares one context across all blocks) at ``context_positions`` [Nc, C] or [C]
         (default: right after ``past_context``). ``context_mask`` [N, C_total] or [N, S, C_total] bool marks
         visible context positions (default: all). The block always sees all of itself.
+
+        ``fresh_context`` [1, P, F] (one block, no ``target_features`` or ``context_mask``): context
+        features right after ``past_context``, projected in this same pass; ``past_context`` must have
+        at least P + S scratch slots, and the first P of them receive those positions' keys/values (the
+        caller then counts them as cached). Same result as caching them first, fewer operations.
         """
         if block_embeds.dim() != 3:
             raise InvalidInputError(f"block_embeds must be [N, S, H], got shape {tuple(block_embeds.shape)}")
@@ -354,10 +400,38 @@ class DFlashDraftModel(nn.Module):
             shape = (1, self.config.num_key_value_heads, 0, self.config.head_dim)
             empty = x.new_zeros(shape)
             ctx = ContextKV((empty,) * len(self.layers), (empty,) * len(self.layers))
+        if fresh_context is not None:
+            return self._forward_fresh(x, block_positions, fresh_context, ctx, target_features, context_mask)
         cos, sin = self.rotary(_batch_positions(block_positions, n), x.dtype)  # [N, S, D]
         mask = _attention_mask(context_mask, n, s, ctx.length, x.device)
         for layer, k, v in zip(self.layers, ctx.keys, ctx.values):
             x = layer(x, cos, sin, k, v, mask, ctx.tail)
+        return self.norm(x)
+
+    def _forward_fresh(
+        self,
+        x: torch.Tensor,  # [1, S, H]
+        block_positions: torch.Tensor,
+        fresh_context: torch.Tensor,  # [1, P, F] or [P, F]
+        ctx: ContextKV,
+        target_features: torch.Tensor | None,
+        context_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """:meth:`forward` with ``fresh_context`` (see there)."""
+        feats = fresh_context[None] if fresh_context.dim() == 2 else fresh_context
+        n, s, _ = x.shape
+        p = feats.shape[1]
+        if n != 1 or feats.shape[0] != 1 or target_features is not None or context_mask is not None:
+            raise InvalidInputError("fresh_context takes one block and no target_features or context_mask")
+        if not ctx.keys or ctx.tail < p + s:
+            raise InvalidInputError(f"fresh_context needs past_context with at least {p + s} scratch slots, got {ctx.tail}")
+        c = ctx.length
+        positions = torch.cat([torch.arange(c, c + p, device=x.device), _batch_positions(block_positions, 1)[0].to(x.device)])
+        cos_all, sin_all = self.rotary(positions[None], x.dtype)  # [1, P + S, D]
+        fresh = _Fresh(self.project_features(feats), cos_all, sin_all)
+        cos, sin = cos_all[:, p:], sin_all[:, p:]
+        for layer, k, v in zip(self.layers, ctx.keys, ctx.values):
+            x = layer(x, cos, sin, k, v, None, ctx.tail, fresh)
         return self.norm(x)
 
     def block_logits(
@@ -372,6 +446,7 @@ class DFlashDraftModel(nn.Module):
         context_mask: torch.Tensor | None = None,
         past_context: ContextKV | None = None,
         depths: int | None = None,
+        fresh_context: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[N, B - 1, V]`` for mask slots 1..B-1 of blocks ``block_ids`` [N, B], using the
         target's embedding ``embed`` and lm head ``head`` (see :meth:`forward` for the other arguments).
@@ -379,7 +454,7 @@ class DFlashDraftModel(nn.Module):
         still attends over all its slots, so those logits are unchanged; the head is most of a draft)."""
         home = block_ids.device  # the target's embedding and head may sit on other devices (device_map)
         emb = embed(block_ids.to(_module_device(embed, home))).to(home)  # [N, B, H]
-        hidden = self(emb, block_positions, target_features, context_positions, context_mask, past_context)
+        hidden = self(emb, block_positions, target_features, context_positions, context_mask, past_context, fresh_context)
         head_dtype = _module_dtype(head, hidden.dtype)
         end = hidden.shape[1] if depths is None else 1 + max(1, min(int(depths), hidden.shape[1] - 1))
         rows = hidden[:, 1:end].to(device=_module_device(head, home), dtype=head_dtype)  # [N, depths, H]
