@@ -185,3 +185,16 @@ def test_probe_costs_count_only_after_a_probe_that_did_not_pay():
     gate.observe_probe_cost(4.0)
     gate.observe_probe_cost(100.0)
     assert gate.probe_excess == 4.0
+
+
+def test_the_probe_excess_and_so_the_cap_are_kept_per_sampling_setting():
+    gate = SpeculationGate(min_backoff=2, max_backoff=16, probe_share=0.01)
+    gate.start("T=1")
+    run_with_probe_cost(gate, 3.0, 200)
+    assert gate.probe_excess == pytest.approx(3.0) and gate.cap == 300
+    gate.start("T=0")  # another setting has measured nothing yet: the plain cap
+    assert gate.probe_excess is None and gate.cap == 16
+    run_with_probe_cost(gate, 0.5, 200)
+    assert gate.probe_excess == pytest.approx(0.5) and gate.cap == 50
+    gate.start("T=1")
+    assert gate.probe_excess == pytest.approx(3.0) and gate.cap == 300

@@ -28,7 +28,8 @@ and the gate keeps a running mean ``E`` of it. The cap is then
     cap = min(ceiling, max(max_backoff, ceil(E / probe_share)))
 
 so in the long run probes that do not pay cost at most ``probe_share`` of plain decoding (0.5% by
-default) whatever a probe costs on this hardware, and never fewer than ``max_backoff`` plain steps
+default) whatever a probe costs on this hardware and under this sampling setting (``E`` is kept per
+setting, as the countdown is), and never fewer than ``max_backoff`` plain steps
 separate them (on the demo pair on a CPU a failed probe costs about 2.7 plain steps: a cap of about 540).
 On the way to the cap, the wait after a probe that did not pay is the back-off times ``max(1, E)``
 (capped): a probe that costs E plain steps more than the step it replaced costs the same share of the
@@ -106,9 +107,10 @@ class SpeculationGate:
         self.growth = float(growth)
         self.probe_share = None if probe_share is None else float(probe_share)
         self.ceiling = ceiling
-        #: running mean of what a probe that did not pay cost beyond the plain steps it replaced, in
-        #: plain steps (None until the controller reports one); it sets :attr:`cap`
-        self.probe_excess: float | None = None
+        #: per sampling key, the running mean of what a probe that did not pay cost beyond the plain
+        #: steps it replaced, in plain steps (a failed probe at T = 0 still emits a few tokens, one at
+        #: T = 1 hardly any, so the excess is the setting's own); it sets :attr:`cap`
+        self._excess: dict[object, float] = {}
         self._cost_due = False  # the last update was a probe that did not pay: its cost is due
         #: per sampling key, how its last sequence ended: (speculating, backoff, gain, plain steps left before the probe)
         self._ended: dict[object, tuple[bool, int, float | None, int]] = {}
@@ -179,6 +181,12 @@ class SpeculationGate:
         self._probing = False
 
     @property
+    def probe_excess(self) -> float | None:
+        """The current sampling setting's running mean excess of a failed probe, in plain steps (None
+        until the controller reports one)."""
+        return self._excess.get(self._key)
+
+    @property
     def cap(self) -> int:
         """The largest back-off: ``max_backoff``, raised so that probes which do not pay cost at most
         ``probe_share`` of plain decoding (see the module doc)."""
@@ -197,7 +205,8 @@ class SpeculationGate:
         if not math.isfinite(excess_steps):
             return
         excess = max(0.0, float(excess_steps))
-        self.probe_excess = excess if self.probe_excess is None else 0.5 * (self.probe_excess + excess)
+        last = self._excess.get(self._key)
+        self._excess[self._key] = excess if last is None else 0.5 * (last + excess)
 
     def __repr__(self) -> str:
         return (
