@@ -41,16 +41,23 @@ def _reference_block_logits(model: DFlashDraftModel, target: HFTarget, feats: to
         )[0, : block - 1]
 
 
-def test_cached_drafting_with_a_scratch_tail_equals_recomputation_step_after_step() -> None:
-    torch.manual_seed(4)
+def _begun_drafter(seed: int, block_size: int, prompt_len: int):  # type: ignore[no-untyped-def]
+    """A float32 DFlash drafter over a tiny target, begun on a random prompt: (target, model, drafter,
+    the prompt's features [prompt_len, F])."""
+    torch.manual_seed(seed)
     target = HFTarget(tiny_model("qwen3", seed=1))
-    cfg = DFlashConfig.for_target(target.config, num_layers=2, block_size=6, target_layer_ids=(0, 1), mask_token_id=255)
+    cfg = DFlashConfig.for_target(target.config, num_layers=2, block_size=block_size, target_layer_ids=(0, 1), mask_token_id=255)
     model = DFlashDraftModel(cfg).eval()
     drafter = DFlashDrafter(model, device="cpu", dtype=torch.float32)
     drafter.bind(target)
-    prompt = torch.randint(0, 200, (1, 7))
-    feats = target.prefill(prompt, (0, 1)).features  # [7, F]
+    prompt = torch.randint(0, 200, (1, prompt_len))
+    feats = target.prefill(prompt, (0, 1)).features  # [prompt_len, F]
     drafter.begin(DraftContext(tokens=prompt[0], features=feats))
+    return target, model, drafter, feats
+
+
+def test_cached_drafting_with_a_scratch_tail_equals_recomputation_step_after_step() -> None:
+    target, model, drafter, feats = _begun_drafter(seed=4, block_size=6, prompt_len=7)
     storage = None
     for step in range(6):
         root = 10 + step
@@ -147,15 +154,7 @@ def test_fused_linears_keep_no_copy_for_large_layers_and_let_gradients_reach_eac
 def test_a_few_new_positions_are_projected_in_the_drafts_own_pass_and_many_are_cached_first() -> None:
     from bastion.drafters.dflash import drafter as dflash_drafter
 
-    torch.manual_seed(6)
-    target = HFTarget(tiny_model("qwen3", seed=1))
-    cfg = DFlashConfig.for_target(target.config, num_layers=2, block_size=4, target_layer_ids=(0, 1), mask_token_id=255)
-    model = DFlashDraftModel(cfg).eval()
-    drafter = DFlashDrafter(model, device="cpu", dtype=torch.float32)
-    drafter.bind(target)
-    prompt = torch.randint(0, 200, (1, 5))
-    feats = target.prefill(prompt, (0, 1)).features  # [5, F]
-    drafter.begin(DraftContext(tokens=prompt[0], features=feats))
+    target, model, drafter, feats = _begun_drafter(seed=6, block_size=4, prompt_len=5)
     flushed: list[int] = []
     real_flush = drafter._flush
 
