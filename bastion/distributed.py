@@ -11,6 +11,7 @@ rendezvous; nothing here opens sockets or spawns processes.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Sequence, TypeVar
 
 import torch
@@ -89,8 +90,17 @@ def setup(device: str | torch.device | None = "cpu", *, environ: Any = None) -> 
 
 
 def teardown(ctx: DistContext) -> None:
-    """Leave the process group (no-op for a one-process context)."""
+    """Leave the process group (no-op for a one-process context).
+
+    On a normal exit the ranks first meet at a barrier, so none tears its connections down while another
+    still has traffic in flight on them: with gloo, a rank that destroyed its group and exited while its
+    peer was still finishing aborted the peer now and then (``terminate called without an active
+    exception``). Called while an exception propagates (from a ``finally`` block), it leaves at once: a
+    failing rank must not wait for peers that are still working, and the launcher stops them when it
+    exits."""
     if ctx.distributed and dist.is_initialized():
+        if sys.exc_info()[0] is None:
+            dist.barrier()
         dist.destroy_process_group()
 
 

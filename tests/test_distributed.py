@@ -44,3 +44,29 @@ def test_shards_partition_the_items_in_round_robin(n: int, world: int) -> None:
     parts = [shard(items, DistContext(rank=r, world_size=world)) for r in range(world)]
     assert sorted(x for p in parts for x in p) == items
     assert all(x % world == r for r, p in enumerate(parts) for x in p)
+
+
+def _recording_dist(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    import bastion.distributed as bd
+
+    calls: list[str] = []
+    monkeypatch.setattr(bd.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(bd.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(bd.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    return calls
+
+
+def test_teardown_meets_the_other_ranks_before_destroying_the_group_on_a_normal_exit(monkeypatch) -> None:
+    calls = _recording_dist(monkeypatch)
+    teardown(DistContext(0, 2, 0, torch.device("cpu"), "gloo"))
+    assert calls == ["barrier", "destroy"]
+
+
+def test_teardown_during_an_exception_leaves_at_once_without_waiting_for_the_others(monkeypatch) -> None:
+    calls = _recording_dist(monkeypatch)
+    with pytest.raises(RuntimeError):
+        try:
+            raise RuntimeError("this rank failed")
+        finally:
+            teardown(DistContext(1, 2, 1, torch.device("cpu"), "gloo"))
+    assert calls == ["destroy"]
