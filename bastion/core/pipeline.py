@@ -561,7 +561,6 @@ class Pipeline:
             )
         return results
 
-    @torch.inference_mode()
     def _step(
         self,
         root: int,
@@ -648,7 +647,6 @@ class Pipeline:
         )
         return StepOutcome(record=record, verdict=verdict)
 
-    @torch.inference_mode()
     def _plain_step(
         self,
         root: int,
