@@ -70,3 +70,23 @@ def test_teardown_during_an_exception_leaves_at_once_without_waiting_for_the_oth
         finally:
             teardown(DistContext(1, 2, 1, torch.device("cpu"), "gloo"))
     assert calls == ["destroy"]
+
+
+def test_a_rank_of_a_multi_process_launch_exits_without_the_interpreters_final_clean_up(monkeypatch) -> None:
+    import bastion.__main__ as entry
+
+    class Left(Exception):
+        pass
+
+    def fake_exit(code: int) -> None:
+        raise Left(code)
+
+    monkeypatch.setattr(entry.os, "_exit", fake_exit)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(Left) as left:
+        entry._exit(3)
+    assert left.value.args == (3,)
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process: the usual exit, clean-up included
+    with pytest.raises(SystemExit) as done:
+        entry._exit(0)
+    assert done.value.code == 0
