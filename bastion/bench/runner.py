@@ -128,14 +128,7 @@ def balanced_orders(n: int) -> list[list[int]]:
     other method equally often: a Williams design, ``n`` orders for even ``n`` and ``2n`` (each order
     and its reverse) for odd ``n``."""
     n = check_int("methods", n)
-    first = [0]
-    lo, hi = 1, n - 1
-    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
-        first.append(lo)
-        lo += 1
-        if len(first) < n:
-            first.append(hi)
-            hi -= 1
+    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
     rows = [[(j + k) % n for j in first] for k in range(n)]
     return rows if n % 2 == 0 or n == 1 else rows + [row[::-1] for row in rows]
 

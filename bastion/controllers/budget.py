@@ -106,7 +106,7 @@ class BastionController(BudgetController):
         self.gate: SpeculationGate | None = options_object("gate", gate, SpeculationGate)
         self._key: SamplingKey = sampling_key(SamplingConfig())
         self.plain_overhead_s = 0.0  # running mean of a plain step's non-verify seconds (0 until one is seen)
-        self.plain_step_s: float | None = None  # running mean of a plain step's seconds (None until one is seen)
+        self.plain_step_s = 0.0  # running mean of a plain step's seconds (0 until one is seen)
         #: batches: the mean per-row calibrated acceptance curve of recent speculative steps, [n_top]
         #: (entry W - 1: tokens per row at width W), the prediction a plain step's probe decision uses
         self.row_curve: np.ndarray | None = None
@@ -213,8 +213,7 @@ class BastionController(BudgetController):
             return  # a batch's plain-step cost comes with each step (speculate_batch), per batch size
         if not outcome.drafted:
             self.plain_overhead_s = running_mean(self.plain_overhead_s, _check_overhead(outcome.overhead_s), _PLAIN_OVERHEAD_EMA)
-            seconds = outcome.verify_s + outcome.overhead_s
-            self.plain_step_s = seconds if self.plain_step_s is None else running_mean(self.plain_step_s, seconds, _PLAIN_OVERHEAD_EMA)
+            self.plain_step_s = running_mean(self.plain_step_s, outcome.verify_s + outcome.overhead_s, _PLAIN_OVERHEAD_EMA)
             return
         if self.gate is not None and self.plain_step_s and outcome.batch_size == 1:
             # a probe that did not pay: its seconds beyond the plain steps it replaced set the gate's cap

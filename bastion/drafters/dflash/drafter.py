@@ -228,7 +228,7 @@ class DFlashDrafter(Drafter):
         # many (the prompt, a long run of plain steps) first, on their own (no wasted query rows)
         fresh = None
         if 0 < self._pending_len <= _FRESH_MAX and self._cache.length and not torch.is_grad_enabled():
-            fresh = torch.cat(self._pending, dim=0).to(device)[None]  # [1, P, F]
+            fresh = self._take_pending(device)  # [1, P, F]
         else:
             self._flush(device)
         spare = self.block_size + (0 if fresh is None else fresh.shape[1])
@@ -248,8 +248,6 @@ class DFlashDrafter(Drafter):
         )[0]  # [k, V]
         if fresh is not None:  # their keys/values now sit in the first scratch slots
             self._cache.length += fresh.shape[1]
-            self._pending = []
-            self._pending_len = 0
         # no validation read here: the tree builder's one transfer rejects NaN marginals
         return Marginals.from_logits(logits[:k].float(), temperature=step.temperature, validate=False)
 
@@ -271,16 +269,21 @@ class DFlashDrafter(Drafter):
             self._pending.append(features)
             self._pending_len += int(features.shape[0])
 
+    def _take_pending(self, device: torch.device) -> torch.Tensor:
+        """The pending committed features as one [1, P, F] tensor on ``device``; none are pending after."""
+        feats = torch.cat(self._pending, dim=0).to(device)[None]
+        self._pending = []
+        self._pending_len = 0
+        return feats
+
     def _flush(self, device: torch.device) -> None:
         """Project pending committed features into the per-layer context cache."""
         if not self._pending:
             return
-        feats = torch.cat(self._pending, dim=0).to(device)[None]  # [1, P, F]
         start = self._cache.length
+        feats = self._take_pending(device)  # [1, P, F]
         positions = torch.arange(start, start + feats.shape[1], device=device)  # [P]
         self._cache.append(self.model.context_kv(feats, positions))
-        self._pending = []
-        self._pending_len = 0
 
     @property
     def cached_positions(self) -> int:
