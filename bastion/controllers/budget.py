@@ -23,6 +23,7 @@ decoding and re-probes with a back-off.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
@@ -62,6 +63,19 @@ def _scores_to_numpy(log_scores: torch.Tensor) -> np.ndarray:
     return arr
 
 
+def _host_scores(log_scores: torch.Tensor) -> list[float]:
+    """:func:`_scores_to_numpy` as plain floats [n_max] (the single-sequence path's per-step arithmetic
+    runs on a few dozen numbers, where Python floats beat NumPy calls)."""
+    if not isinstance(log_scores, torch.Tensor) or log_scores.dim() != 1 or log_scores.shape[0] < 1:
+        raise InvalidInputError(
+            f"log_scores must be a non-empty 1-D tensor, got {getattr(log_scores, 'shape', type(log_scores).__name__)}"
+        )
+    values: list[float] = log_scores.detach().cpu().tolist()
+    if not all(v <= 1e-6 for v in values):  # a NaN fails the comparison too
+        raise InvalidInputError("log_scores must be log-probabilities (<= 0, no NaN)")
+    return values
+
+
 def _check_overhead(overhead_s: float) -> float:
     return check_number("overhead_s", overhead_s)
 
@@ -99,7 +113,7 @@ class BastionController(BudgetController):
         if self.max_budget is not None and self.max_budget < self.min_budget:
             raise InvalidInputError(f"max_budget ({max_budget}) is below min_budget ({min_budget})")
         self.buckets: tuple[int, ...] | None = None
-        self._candidates: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+        self._candidates: dict[int, tuple[np.ndarray, torch.Tensor, list[int]]] = {}
         self.use_buckets(buckets)
         self.extra_overhead_s = _check_overhead(extra_overhead_s)
         self.calibrator: AcceptanceCalibrator | None = options_object("calibration", calibration, AcceptanceCalibrator)
@@ -202,7 +216,7 @@ class BastionController(BudgetController):
         T_verify, sizes), each [N + 1]; sizes[0] is W = 1 (no drafting cost)."""
         overhead = _check_overhead(overhead_s) + self.extra_overhead_s
         draft = _check_overhead(draft_s)
-        sizes, sizes_t = self._sizes(total.shape[0])  # [N + 1], sizes[0] == 1
+        sizes, sizes_t, _ = self._sizes(total.shape[0])  # [N + 1], sizes[0] == 1
         t_verify = predict_batch_checked(latency, sizes_t, context_lens).numpy()  # [N + 1] seconds
         cost = overhead + t_verify + np.where(sizes > 1, draft, 0.0)  # [N + 1] seconds per step
         return total[sizes - 1] / cost, cost, t_verify, sizes
@@ -220,25 +234,30 @@ class BastionController(BudgetController):
             self.gate.observe_probe_cost((outcome.verify_s + outcome.overhead_s) / self.plain_step_s - (outcome.accepted + 1))
         if self.calibrator is None:
             return
-        scores = outcome.log_scores.detach().to("cpu", torch.float64).numpy()  # [n], root first
-        accepted = np.zeros(scores.shape[0], dtype=bool)  # [n]
-        accepted[outcome.accepted_nodes.to("cpu").numpy()] = True
-        self.calibrator.observe(scores[1:], accepted[1:], self._key)
+        scores = outcome.log_scores.detach().cpu().tolist()  # [n], root first
+        accepted = [False] * len(scores)  # [n]
+        for node in outcome.accepted_nodes.tolist():
+            accepted[node] = True
+        self.calibrator.observe_values(scores[1:], accepted[1:], self._key)
 
     def accept_rates(self, log_scores: np.ndarray) -> np.ndarray:
         """Per-node acceptance probabilities [n] used for A_cal (root first: 1), from log rho [n]."""
-        rates = np.exp(log_scores)
-        if self.calibrator is not None and rates.shape[0] > 1:
-            rates[1:] = self.calibrator.calibrate(log_scores[1:], self._key)
-        rates[0] = 1.0
-        return rates
+        return np.array(self._rates(np.asarray(log_scores, dtype=np.float64).tolist()), dtype=np.float64)
+
+    def _rates(self, log_scores: list[float]) -> list[float]:
+        """:meth:`accept_rates` on floats."""
+        rest = log_scores[1:]
+        if self.calibrator is not None:
+            return [1.0, *self.calibrator.calibrate_values(rest, self._key)]
+        return [1.0, *(math.exp(v) for v in rest)]
 
     def candidates(self, n_max: int) -> np.ndarray:
         """Allowed sizes (ascending, int64 array) for a tree of ``n_max`` nodes."""
         return self._sizes(n_max)[0][1:]
 
-    def _sizes(self, n_max: int) -> tuple[np.ndarray, torch.Tensor]:
-        """Cached ``[1, *candidates]`` as an array and a tensor (1 first: the autoregressive step)."""
+    def _sizes(self, n_max: int) -> tuple[np.ndarray, torch.Tensor, list[int]]:
+        """Cached ``[1, *candidates]`` as an array and a tensor (1 first: the autoregressive step), and
+        the candidates alone as a list."""
         cached = self._candidates.get(n_max)
         if cached is None:
             hi = n_max if self.max_budget is None else min(self.max_budget, n_max)
@@ -250,45 +269,56 @@ class BastionController(BudgetController):
                 if cand.size == 0:
                     cand = np.array([hi], dtype=np.int64)
             sizes = np.concatenate([np.ones(1, dtype=np.int64), cand])
-            cached = (sizes, torch.from_numpy(sizes))
+            cached = (sizes, torch.from_numpy(sizes), cand.tolist())
             self._candidates[n_max] = cached
         return cached
 
     def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
         return self.decide(log_scores, context_len, latency, overhead_s).n
 
-    def _pick(self, speedup: np.ndarray) -> int:
-        """Index of the chosen size in the candidate sizes, from their predicted S(n) [N]."""
-        if self.rule == "scan":
-            return int(np.argmax(speedup))
-        drops = speedup[1:] < speedup[:-1]  # drops[j]: S falls from cand[j] to cand[j + 1]
-        return int(np.argmax(drops)) if drops.any() else speedup.shape[0] - 1
+    def _scan(self, rates: list[float], t_verify: list[float], cand: list[int], overhead: float) -> tuple[int, float, float]:
+        """The chosen candidate ``(k, S(cand[k]), A_cal(cand[k]))`` from per-node acceptance ``rates``
+        [n_max] (root first), verify seconds ``t_verify`` [N + 1] (``[0]``: n = 1, then one per candidate)
+        and the candidate sizes ``cand`` [N] (ascending), with S(n) = A_cal(T_n) * L_AR / (overhead +
+        T_verify(n)). ``rule="scan"``: the first maximum; ``"first-decrease"``: the size before S first
+        falls (the last one when it never does)."""
+        l_ar = t_verify[0]
+        first_decrease = self.rule == "first-decrease"
+        best = (0, -math.inf, 0.0)
+        accept, i = 0.0, 0
+        for k, n in enumerate(cand):
+            while i < n:  # A_cal(T_n): the cumulative acceptance of the first n nodes
+                accept += rates[i]
+                i += 1
+            speedup = accept * (l_ar / (overhead + t_verify[k + 1]))
+            if first_decrease:
+                if k and speedup < best[1]:
+                    break
+                best = (k, speedup, accept)
+            elif speedup > best[1]:
+                best = (k, speedup, accept)
+        return best
 
     def decide(
         self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float
     ) -> BudgetDecision:
-        scores = _scores_to_numpy(log_scores)  # [n_max]
+        scores = _host_scores(log_scores)  # [n_max]
         overhead = _check_overhead(overhead_s) + self.extra_overhead_s
-        sizes, sizes_t = self._sizes(scores.shape[0])
-        cand = sizes[1:]  # [N] allowed sizes, ascending
-        t_verify = predict_checked(latency, sizes_t, context_len).numpy()  # [N + 1] seconds; [0] is n = 1
-        a_hat = np.cumsum(np.exp(scores))[cand - 1]  # [N] A_hat(T_n), the raw surrogate
-        a_cal = np.cumsum(self.accept_rates(scores))[cand - 1]  # [N] A_cal(T_n)
-        cost = overhead + t_verify[1:]  # [N] seconds per step
-        speedup = a_cal * (t_verify[0] / cost)  # [N] S(n)
-        k = self._pick(speedup)
-        n = int(cand[k])
+        _, sizes_t, cand = self._sizes(len(scores))
+        t_verify = predict_checked(latency, sizes_t, context_len).tolist()  # [N + 1] seconds; [0] is n = 1
+        k, speedup, a_cal = self._scan(self._rates(scores), t_verify, cand, overhead)
+        n = cand[k]
         # against a plain step (no draft); drafting then verifying the root alone never beats it
         plain = t_verify[0] / (t_verify[0] + self.plain_overhead_s)
-        gain = float(speedup[k]) / float(plain) if n > 1 else 0.0
+        gain = speedup / plain if n > 1 else 0.0
         if self.gate is not None:
             self.gate.update(gain)
         return BudgetDecision(
             n,
-            float(speedup[k]),
-            predicted_accept=float(a_hat[k]),
-            predicted_cost_s=float(cost[k]),
-            calibrated_accept=float(a_cal[k]),
+            speedup,
+            predicted_accept=sum(math.exp(v) for v in scores[:n]),  # A_hat(T_n), the raw surrogate
+            predicted_cost_s=overhead + t_verify[k + 1],
+            calibrated_accept=a_cal,
             gain=gain,
         )
 
@@ -298,17 +328,15 @@ class BastionController(BudgetController):
         overhead (``overhead_s`` plus the drafting seconds), without touching the gate. The verify times
         are predicted once per tree size seen."""
         base = _check_overhead(overhead_s) + self.extra_overhead_s
-        times: dict[int, np.ndarray] = {}
+        times: dict[int, list[float]] = {}
 
         def estimate(log_scores: Sequence[float], draft_s: float) -> float:
-            scores = np.asarray(log_scores, dtype=np.float64)  # [n] log rho, root first
-            sizes, sizes_t = self._sizes(scores.shape[0])
-            t_verify = times.get(scores.shape[0])
+            scores = [float(v) for v in log_scores]  # [n] log rho, root first
+            _, sizes_t, cand = self._sizes(len(scores))
+            t_verify = times.get(len(scores))
             if t_verify is None:  # [N + 1] seconds; [0] is n = 1
-                t_verify = times[scores.shape[0]] = predict_checked(latency, sizes_t, context_len).numpy()
-            a_cal = np.cumsum(self.accept_rates(scores))[sizes[1:] - 1]  # [N]
-            speedup = a_cal * (t_verify[0] / (base + draft_s + t_verify[1:]))  # [N] S(n)
-            return float(speedup[self._pick(speedup)])
+                t_verify = times[len(scores)] = predict_checked(latency, sizes_t, context_len).tolist()
+            return self._scan(self._rates(scores), t_verify, cand, base + draft_s)[1]
 
         return estimate
 

@@ -30,7 +30,9 @@ Everything is deterministic given the same observations (no randomness, no clock
 
 from __future__ import annotations
 
+import bisect
 import math
+from typing import Sequence
 
 import numpy as np
 from attrs import frozen
@@ -59,17 +61,17 @@ def _factor(rate: float, raw: float) -> float:
     return float(rate / raw) if raw > 0 else 1.0
 
 
-def _pava(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def _pava(values: list[float], weights: list[float]) -> list[float]:
     """Weighted isotonic (non-decreasing) regression of ``values`` [B] by pool-adjacent-violators."""
     blocks: list[list[float]] = []  # [mean, weight, count]
-    for v, w in zip(values.tolist(), weights.tolist()):
+    for v, w in zip(values, weights):
         blocks.append([v, w, 1])
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             v2, w2, c2 = blocks.pop()
             v1, w1, c1 = blocks[-1]
             total = w1 + w2
             blocks[-1] = [(v1 * w1 + v2 * w2) / total, total, c1 + c2]
-    return np.repeat([b[0] for b in blocks], [b[2] for b in blocks])
+    return [b[0] for b in blocks for _ in range(int(b[2]))]
 
 
 @frozen
@@ -82,15 +84,25 @@ class CalibrationTable:
     nodes: tuple[float, ...]  # recency-weighted node count per bin
 
 
+class _Map:
+    """The fitted mapping of one table: rates at the seen bins' centres, with what reading it needs."""
+
+    def __init__(self, xs: list[float], ys: list[float], raw: list[float]) -> None:
+        self.xs, self.ys, self.raw = xs, ys, raw  # each [S], xs ascending, ys non-decreasing
+        self.slopes = [(ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j]) for j in range(len(xs) - 1)]  # [S - 1]
+        self.low_factor = _factor(ys[0], raw[0])  # below the seen bins
+        self.high_factor = _factor(ys[-1], raw[-1])  # above them
+
+
 class _Table:
-    """Recency-weighted per-bin sums for one sampling setting."""
+    """Recency-weighted per-bin sums for one sampling setting (plain floats: a step touches a few dozen
+    numbers, where each NumPy call would cost more than the arithmetic)."""
 
     def __init__(self, bins: int) -> None:
-        self.count = np.zeros(bins)  # [B] nodes seen
-        self.hits = np.zeros(bins)  # [B] nodes accepted
-        self.score = np.zeros(bins)  # [B] sum of raw rho
-        # (centres, g, mean raw rho) of the seen bins, or None before any node was seen
-        self.rates: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.count = [0.0] * bins  # [B] nodes seen
+        self.hits = [0.0] * bins  # [B] nodes accepted
+        self.score = [0.0] * bins  # [B] sum of raw rho
+        self.rates: _Map | None = None  # the fitted map, None before any node was seen
         self.steps = 0
 
 
@@ -107,6 +119,10 @@ class AcceptanceCalibrator:
         Steps after which an observation counts half (recency weighting).
     prior_weight:
         Pseudo-nodes per bin at the raw score (how much data it takes to move away from the surrogate).
+
+    The per-step work (:meth:`observe`, :meth:`calibrate_values`) runs on plain Python floats: a step
+    touches at most a few dozen nodes and bins, where each NumPy call costs more than its arithmetic
+    (about ten times more when a target forward has just evicted NumPy's code from the CPU caches).
     """
 
     def __init__(
@@ -124,12 +140,12 @@ class AcceptanceCalibrator:
         half_life = check_number("half_life", half_life, strict=True)
         prior_weight = check_number("prior_weight", prior_weight, strict=True)
         self.bins = bins
-        self.logit_range = (lo, hi)
+        self.logit_range = (float(lo), float(hi))
         self.half_life = float(half_life)
         self.prior_weight = float(prior_weight)
         self._decay = 0.5 ** (1.0 / self.half_life)
-        self._width = (hi - lo) / bins
-        self._centers = lo + self._width * (np.arange(bins) + 0.5)  # [B] logit(rho)
+        self._width = (self.logit_range[1] - self.logit_range[0]) / bins
+        self._centers = [self.logit_range[0] + self._width * (i + 0.5) for i in range(bins)]  # [B] logit(rho)
         self._tables: dict[SamplingKey, _Table] = {}
 
     # ------------------------------------------------------------------ use
@@ -137,19 +153,30 @@ class AcceptanceCalibrator:
         """Calibrated acceptance probabilities [n] of nodes with raw ``log_scores`` [n] (float64 array,
         log rho; pass the nodes below the root). Returns ``exp(log_scores)`` while this setting has seen
         no step."""
+        return np.array(self.calibrate_values(np.asarray(log_scores, dtype=np.float64).tolist(), key), dtype=np.float64)
+
+    def calibrate_values(self, log_scores: Sequence[float], key: SamplingKey) -> list[float]:
+        """:meth:`calibrate` on a sequence of floats, returning a list."""
         table = self._tables.get(key)
         if table is None or table.rates is None:
-            return np.exp(log_scores)
-        xs, ys, raw = table.rates
-        z = self._logit(log_scores)
-        out = np.interp(z, xs, ys)
-        # beyond the seen bins: the nearest seen bin's correction factor, capped to stay monotone (a bin
-        # whose scores all underflowed to rho = 0 has no factor: the raw score is used as it is)
-        below, above = z < xs[0], z > xs[-1]
-        if below.any():
-            out[below] = np.minimum(np.exp(log_scores[below]) * _factor(ys[0], raw[0]), ys[0])
-        if above.any():
-            out[above] = np.clip(np.exp(log_scores[above]) * _factor(ys[-1], raw[-1]), ys[-1], 1.0)
+            return [math.exp(v) for v in log_scores]
+        m = table.rates
+        xs, ys, slopes = m.xs, m.ys, m.slopes
+        first, last, top = xs[0], xs[-1], len(xs) - 1
+        exp, log, expm1, bisect_right = math.exp, math.log, math.expm1, bisect.bisect_right
+        out = []
+        for v in log_scores:
+            # logit(rho), unclipped: the seen bins' centres lie inside the binned range
+            z = v - log(-expm1(v if v < -1e-300 else -1e-300))
+            if z < first:  # below the seen bins: the nearest seen bin's correction, capped to stay monotone
+                g = exp(v) * m.low_factor
+                out.append(g if g < ys[0] else ys[0])
+            elif z > last:  # above them (a bin whose scores all underflowed to 0 has no factor: 1)
+                g = exp(v) * m.high_factor
+                out.append(ys[-1] if g < ys[-1] else (g if g < 1.0 else 1.0))
+            else:  # linear in logit(rho) between the seen bins' centres
+                j = bisect_right(xs, z) - 1  # xs[j] <= z
+                out.append(ys[j] if j == top else slopes[j] * (z - xs[j]) + ys[j])
         return out
 
     def observe(self, log_scores: np.ndarray, accepted: np.ndarray, key: SamplingKey) -> None:
@@ -157,18 +184,31 @@ class AcceptanceCalibrator:
         [n] (bool) whether each lies on the accepted path."""
         if log_scores.shape != accepted.shape or log_scores.ndim != 1:
             raise InvalidInputError(f"log_scores {log_scores.shape} and accepted {accepted.shape} must be equal 1-D shapes")
+        self.observe_values(log_scores.tolist(), accepted.tolist(), key)
+
+    def observe_values(self, log_scores: Sequence[float], accepted: Sequence[bool], key: SamplingKey) -> None:
+        """:meth:`observe` on two equal-length sequences (floats, and bools)."""
+        if len(log_scores) != len(accepted):
+            raise InvalidInputError(f"{len(log_scores)} log_scores but {len(accepted)} accepted flags")
         table = self._tables.get(key)
         if table is None:
             table = self._tables[key] = _Table(self.bins)
-        table.count *= self._decay
-        table.hits *= self._decay
-        table.score *= self._decay
+        decay = self._decay
+        count = table.count = [c * decay for c in table.count]
+        hits = table.hits = [h * decay for h in table.hits]
+        score = table.score = [x * decay for x in table.score]
         table.steps += 1
-        if log_scores.size:
-            idx = self._bin(log_scores)
-            table.count += np.bincount(idx, minlength=self.bins)
-            table.hits += np.bincount(idx, weights=accepted.astype(np.float64), minlength=self.bins)
-            table.score += np.bincount(idx, weights=np.exp(log_scores), minlength=self.bins)
+        (lo, hi), width, top = self.logit_range, self._width, self.bins - 1
+        exp, log, expm1 = math.exp, math.log, math.expm1
+        for v, hit in zip(log_scores, accepted):
+            # logit(rho) clipped to the binned range (-expm1 of a negative number is in (0, 1])
+            z = v - log(-expm1(v if v < -1e-300 else -1e-300))
+            i = int(((z if z < hi else hi) - lo) // width) if z > lo else 0
+            i = top if i > top else i
+            count[i] += 1.0
+            score[i] += exp(v)
+            if hit:
+                hits[i] += 1.0
         table.rates = self._fit(table)
 
     def table(self, key: SamplingKey) -> CalibrationTable | None:
@@ -176,12 +216,12 @@ class AcceptanceCalibrator:
         t = self._tables.get(key)
         if t is None or t.rates is None:
             return None
-        seen = t.count > _SEEN
+        seen = [i for i, c in enumerate(t.count) if c > _SEEN]
         return CalibrationTable(
-            centers=tuple(t.rates[0].tolist()),
-            rates=tuple(t.rates[1].tolist()),
-            raw=tuple(self._prior_rho(t)[seen].tolist()),
-            nodes=tuple(t.count[seen].tolist()),
+            centers=tuple(t.rates.xs),
+            rates=tuple(t.rates.ys),
+            raw=tuple(t.rates.raw),
+            nodes=tuple(t.count[i] for i in seen),
         )
 
     def reset(self) -> None:
@@ -189,34 +229,20 @@ class AcceptanceCalibrator:
         self._tables.clear()
 
     # ------------------------------------------------------------------ internals
-    def _logit(self, log_scores: np.ndarray) -> np.ndarray:
-        """logit(rho) [n] from log rho [n], clipped to the binned range (rho = 1 maps to its top)."""
-        lo, hi = self.logit_range
-        with np.errstate(divide="ignore"):
-            z = log_scores - np.log(-np.expm1(np.minimum(log_scores, 0.0)))
-        return np.clip(z, lo, hi)
-
-    def _bin(self, log_scores: np.ndarray) -> np.ndarray:
-        idx = np.floor((self._logit(log_scores) - self.logit_range[0]) / self._width).astype(np.int64)
-        return np.clip(idx, 0, self.bins - 1)
-
-    def _prior_rho(self, t: _Table) -> np.ndarray:
-        centre_rho = 1.0 / (1.0 + np.exp(-self._centers))
-        seen = t.count > 1e-9
-        return np.where(seen, t.score / np.where(seen, t.count, 1.0), centre_rho)
-
-    def _fit(self, t: _Table) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """(bin centres, monotone rates) over the bins that have seen nodes; None when none has."""
-        seen = t.count > _SEEN
-        if not seen.any():
+    def _fit(self, t: _Table) -> _Map | None:
+        """The monotone rates at the centres of the bins that have seen nodes; None when none has."""
+        seen = [i for i, c in enumerate(t.count) if c > _SEEN]
+        if not seen:
             return None
         w0 = self.prior_weight
-        raw = self._prior_rho(t)[seen]
+        raw = [t.score[i] / t.count[i] for i in seen]  # mean raw rho per seen bin
         # pooled over all bins: how much of the claimed mass is realized (itself shrunk towards 1)
-        ratio = (t.hits.sum() + w0) / (t.score.sum() + w0)
-        weights = t.count[seen] + w0
-        rates = (t.hits[seen] + w0 * np.minimum(1.0, raw * ratio)) / weights  # shrunk towards the pooled prior
-        return self._centers[seen], np.clip(_pava(rates, weights), 0.0, 1.0), raw
+        ratio = (math.fsum(t.hits) + w0) / (math.fsum(t.score) + w0)
+        weights = [t.count[i] + w0 for i in seen]
+        # each bin shrunk towards the pooled prior
+        rates = [(t.hits[i] + w0 * min(1.0, r * ratio)) / w for i, r, w in zip(seen, raw, weights)]
+        monotone = [min(max(g, 0.0), 1.0) for g in _pava(rates, weights)]
+        return _Map([self._centers[i] for i in seen], monotone, raw)
 
     def __repr__(self) -> str:
         return (

@@ -63,6 +63,7 @@ class ResidualTable:
         self.max_abs_log = float(max_abs_log)
         self._table = np.zeros((_N_BINS, _C_BINS))  # [n bins, c bins] fitted log correction
         self.n_points = 0
+        self.version = 0  # bumped whenever the table changes (a cache of its factors compares it)
 
     def fit(self, n: np.ndarray, c: np.ndarray, log_ratio: np.ndarray, weights: np.ndarray | None = None) -> None:
         """Refit the whole table from observations ``n`` [P], ``c`` [P], ``log_ratio`` [P] (log of
@@ -81,6 +82,7 @@ class ResidualTable:
             scale = max(_MAD_TO_SIGMA * float(np.median(np.abs(dev))) if dev.size else 0.0, _MIN_SCALE)
             robust = 1.0 / (1.0 + (dev / (_CAUCHY_C * scale)) ** 2)
         self.n_points = int(r.size)
+        self.version += 1
 
     def _cells(self, bn: np.ndarray, bc: np.ndarray, r: np.ndarray, w: np.ndarray) -> np.ndarray:
         """Shrunk weighted means per cell [n bins, c bins] from binned observations."""
@@ -98,6 +100,10 @@ class ResidualTable:
         n = np.asarray(n, dtype=np.float64)
         c = np.broadcast_to(np.asarray(c, dtype=np.float64), n.shape)
         return self._table[_n_bin(n), _c_bin(c)]
+
+    def context_bin(self, c: int) -> int:
+        """The context bin of one context length (the cells' column index)."""
+        return min(int(math.floor(math.log2(c + 1.0) + 1e-9)), _C_BINS - 1)
 
     def factor(self, n: np.ndarray, c: np.ndarray | int) -> np.ndarray:
         """``exp(r(n, c))``: the multiplier to apply to roofline seconds."""
@@ -124,6 +130,7 @@ class ResidualTable:
             if not (0 <= i < _N_BINS and 0 <= j < _C_BINS and math.isfinite(v)):
                 raise InvalidInputError(f"residual cell out of range: {cell!r}")
             table._table[i, j] = v
+        table.version += 1
         return table
 
     def __repr__(self) -> str:

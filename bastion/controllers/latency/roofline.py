@@ -146,6 +146,7 @@ class RooflineLatency(LatencyModel):
         self.last_fit: FitResult | None = None
         self._coef_c = np.array(cost.flops_coeffs) / self.peaks.flops_per_s  # seconds per (n, n*m) unit
         self._coef_m = np.array(cost.bytes_coeffs) / self.peaks.bytes_per_s  # seconds per (1, n, m, n*m)
+        self._lines_cache: tuple[tuple[Any, ...], tuple[np.ndarray, ...]] | None = None
 
         self._x_c = np.zeros(self._window)
         self._x_m = np.zeros(self._window)
@@ -185,6 +186,36 @@ class RooflineLatency(LatencyModel):
         base = self.roofline_seconds(n_tokens, context_len)
         return base * self.residual.factor(n_tokens, context_len) if self.use_residual else base
 
+    def _lines(self, n: np.ndarray, context_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Both branches of the corrected prediction for sizes ``n`` [N] as lines in the context ``c``:
+        ``T(n, c) = max(p_c + c * q_c, p_m + c * q_m)`` (each [N]), exact within ``context_len``'s
+        context bin. Ideal compute and memory times are affine in ``c`` for a fixed ``n``, and the
+        residual factor (> 0, constant within a context bin) scales both branches of the max."""
+        f_n, f_nm = self._coef_c
+        g0, g_n, g_m, g_nm = self._coef_m
+        p = self.params
+        scale = self.residual.factor(n, context_len) if self.use_residual else 1.0
+        # x_c = n f_n + n f_nm (c + n);  x_m = g0 + g_n n + (c + n)(g_m + g_nm n)
+        q_c = p.a_c * f_nm * n * scale
+        p_c = (p.a_c * n * (f_n + f_nm * n) + p.b_c) * scale
+        slope_m = g_m + g_nm * n
+        q_m = p.a_m * slope_m * scale
+        p_m = (p.a_m * (g0 + g_n * n + n * slope_m) + p.b_m) * scale
+        return p_c, q_c, p_m, q_m
+
+    def _cached_lines(self, n_tokens: torch.Tensor, context_len: int) -> tuple[np.ndarray, ...]:
+        """:meth:`_lines` for a sizes tensor, remembered while the same sizes, parameters, residual table
+        and context bin come back: a controller asks for its same candidate sizes every step, and the
+        per-step prediction is then two multiply-adds and a maximum."""
+        sizes = tuple(n_tokens.detach().cpu().tolist())
+        key = (sizes, self.params, self.residual, self.residual.version, self.use_residual, self.residual.context_bin(context_len))
+        cached = self._lines_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        lines = self._lines(np.array(sizes, dtype=np.float64), context_len)
+        self._lines_cache = (key, lines)
+        return lines
+
     def ideal_batch_times(self, widths: np.ndarray, context_lens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Ideal ``(x_c, x_m)`` seconds of one batched verify: ``B = len(context_lens)`` rows, each with a
         padded block of ``widths`` [N] slots after a padded cache of ``S = max(context_lens)`` slots.
@@ -215,11 +246,15 @@ class RooflineLatency(LatencyModel):
         self._record(float(x_c), float(x_m), float(seconds), width * len(context_lens), max(context_lens))
 
     def predict(self, n_tokens: int, context_len: int) -> float:
-        return float(self._corrected(np.array([n_tokens], dtype=np.float64), context_len)[0])
+        self._require_bound()
+        p_c, q_c, p_m, q_m = self._lines(np.array([n_tokens], dtype=np.float64), context_len)
+        return float(max(p_c[0] + context_len * q_c[0], p_m[0] + context_len * q_m[0]))
 
     def predict_many(self, n_tokens: torch.Tensor, context_len: int) -> torch.Tensor:
         """``n_tokens`` LongTensor[N] -> FloatTensor[N] (float64, CPU) seconds."""
-        return torch.from_numpy(self._corrected(n_tokens.detach().cpu().numpy().astype(np.float64), context_len))
+        self._require_bound()
+        p_c, q_c, p_m, q_m = self._cached_lines(n_tokens, context_len)
+        return torch.from_numpy(np.maximum(p_c + context_len * q_c, p_m + context_len * q_m))
 
     # ------------------------------------------------------------------ online calibration
     @property
