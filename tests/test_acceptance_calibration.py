@@ -132,3 +132,27 @@ def test_scores_whose_rho_underflows_calibrate_to_finite_rates_without_warnings(
         rates = cal.calibrate(np.array([-2000.0, -1000.0, -5.0, -0.1]), key)
     assert np.isfinite(rates).all() and (rates >= 0).all() and (rates <= 1).all()
     assert (np.diff(rates) >= 0).all()  # still non-decreasing in rho
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(1, 40))
+def test_calibrate_reads_the_fitted_table_as_documented(seed, steps):
+    """Linear in logit(rho) between the seen bins' centres; beyond them the outermost bin's correction
+    factor, capped to stay monotone (a reference written on the public table snapshot)."""
+    rng = np.random.default_rng(seed)
+    cal = AcceptanceCalibrator(bins=10)
+    for _ in range(steps):
+        log_rho = rng.uniform(-9.0, 0.0, int(rng.integers(1, 16)))
+        cal.observe(log_rho, rng.random(log_rho.size) < rng.random(), HOT)
+    t = cal.table(HOT)
+    xs, ys, raw = (np.array(v) for v in (t.centers, t.rates, t.raw))
+    grid = np.concatenate([np.linspace(-20.0, -1e-9, 300), [0.0]])
+    rho = np.exp(grid)
+    with np.errstate(divide="ignore"):
+        z = grid - np.log(-np.expm1(grid))
+    want = np.interp(z, xs, ys)
+    low = ys[0] / raw[0] if raw[0] > 0 else 1.0
+    high = ys[-1] / raw[-1] if raw[-1] > 0 else 1.0
+    want = np.where(z < xs[0], np.minimum(rho * low, ys[0]), want)
+    want = np.where(z > xs[-1], np.clip(rho * high, ys[-1], 1.0), want)
+    np.testing.assert_allclose(cal.calibrate(grid, HOT), want, rtol=1e-9, atol=1e-12)
+    assert cal.calibrate_values(grid.tolist(), HOT) == cal.calibrate(grid, HOT).tolist()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from bastion.controllers import ModelCost, RooflineLatency, RooflineParams
@@ -78,3 +79,27 @@ def test_residual_survives_a_profile_round_trip(tmp_path):
     loaded = RooflineLatency(cost=COST, device="cpu", peak_flops=PEAK, bandwidth=BW, profile=path)
     sizes = torch.arange(1, 193)
     assert torch.allclose(loaded.predict_many(sizes, 200), model.predict_many(sizes, 200), rtol=1e-9)
+
+
+def test_repeated_predictions_follow_refits_contexts_and_sizes_exactly():
+    """The per-step prediction reuses its lines in the context while sizes, parameters, residual table
+    and context bin stay the same; every answer still equals the roofline times the residual factor."""
+    model = make_model()
+    rng = np.random.default_rng(3)
+    sizes = torch.arange(1, 65)
+
+    def formula(n: torch.Tensor, c: int) -> np.ndarray:
+        grid = n.numpy().astype(np.float64)
+        return model.roofline_seconds(grid, c) * model.residual.factor(grid, c)
+
+    seen = []
+    for step in range(120):
+        c = int(rng.integers(10, 3000))
+        for n in (sizes, sizes[:17], torch.tensor([1, 64])):  # another controller's sizes in between
+            got = model.predict_many(n, c).numpy()
+            np.testing.assert_allclose(got, formula(n, c), rtol=1e-12)
+        assert model.predict(9, c) == pytest.approx(float(formula(torch.tensor([9]), c)[0]), rel=1e-12)
+        seen.append(model.predict_many(sizes, 500).numpy().copy())
+        model.observe(int(rng.integers(1, 65)), c, float(stepped_truth(np.array([16]), np.array([c]))[0]))
+    # the refits (every few observations) changed the answer for the same sizes and context
+    assert len({tuple(np.round(s, 15)) for s in seen}) > 3

@@ -16,6 +16,7 @@ Zero-probability candidates (log-probability ``-inf``, e.g. banned tokens) never
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Sequence
 
 import torch
@@ -94,7 +95,7 @@ def top_candidates(log_probs: torch.Tensor, depth: int, k: int) -> Candidates:
     # one device -> host copy; token ids < 2**53 are exact in float64
     packed = to_host(torch.stack((vals.to(torch.float64), idx.to(torch.float64))), "tree candidates")  # [2][D][k]
     values: list[list[float]] = packed[0]
-    tokens = [[int(t) for t in row] for row in packed[1]]
+    tokens = [list(map(int, row)) for row in packed[1]]
     for d, row in enumerate(values):
         top = row[0]  # topk sorts NaN first and max propagates it: row[0] reveals NaN and +inf anywhere
         if top != top:
@@ -117,13 +118,17 @@ def make_tree(
     device: torch.device,
 ) -> Tree:
     """Pack host lists into a :class:`Tree` on ``device`` (tokens/parents/depths long, scores float32)."""
-    scores_cpu = torch.tensor(scores, dtype=torch.float32)  # [n] rounded once: host and device agree
-    host = HostTree(tuple(tokens), tuple(parents), tuple(depths), tuple(scores_cpu.tolist()))
-    fields = to_device([tokens, parents, depths], torch.long, device)  # [3, n], one asynchronous copy
+    # C arrays: the float32 rounding and the packing run in C, and the CPU tensors share their memory
+    scores32 = array("f", scores)  # [n] rounded once: host and device agree
+    packed = array("q", tokens)
+    packed.extend(parents)
+    packed.extend(depths)
+    host = HostTree(tuple(tokens), tuple(parents), tuple(depths), tuple(scores32))
+    fields = to_device(torch.frombuffer(packed, dtype=torch.int64).view(3, -1), torch.long, device)  # [3, n], one copy
     return Tree(
         tokens=fields[0],
         parents=fields[1],
         depths=fields[2],
-        log_scores=to_device(scores_cpu, torch.float32, device),
+        log_scores=to_device(torch.frombuffer(scores32, dtype=torch.float32), torch.float32, device),
         host=host,  # the step reads the shape from here, never back from the device
     )

@@ -144,8 +144,9 @@ class RooflineLatency(LatencyModel):
         self.prior = params if params is not None else prior_params(cost.num_layers, self.device.type)
         self.params = self.prior
         self.last_fit: FitResult | None = None
-        self._coef_c = np.array(cost.flops_coeffs) / self.peaks.flops_per_s  # seconds per (n, n*m) unit
-        self._coef_m = np.array(cost.bytes_coeffs) / self.peaks.bytes_per_s  # seconds per (1, n, m, n*m)
+        # plain floats: a step's own observation is scalar arithmetic, sizes arrays broadcast against them
+        self._coef_c = tuple(float(x) / self.peaks.flops_per_s for x in cost.flops_coeffs)  # seconds per (n, n*m)
+        self._coef_m = tuple(float(x) / self.peaks.bytes_per_s for x in cost.bytes_coeffs)  # seconds per (1, n, m, n*m)
         self._lines_cache: tuple[tuple[Any, ...], tuple[np.ndarray, ...]] | None = None
 
         self._x_c = np.zeros(self._window)
@@ -171,7 +172,7 @@ class RooflineLatency(LatencyModel):
         """Ideal compute and memory seconds ``(x_c, x_m)`` at the device peaks; ``n_tokens`` [N] and
         ``context_len`` (a scalar or an array [N]) broadcast together."""
         self._require_bound()
-        n = np.asarray(n_tokens, dtype=np.float64)
+        n = n_tokens if isinstance(n_tokens, float) else np.asarray(n_tokens, dtype=np.float64)  # one step: a float
         m = context_len + n
         f_n, f_nm = self._coef_c
         g0, g_n, g_m, g_nm = self._coef_m
@@ -264,7 +265,7 @@ class RooflineLatency(LatencyModel):
     def observe(self, n_tokens: int, context_len: int, seconds: float) -> None:
         if not _usable(seconds):
             return  # a clock glitch carries no information
-        x_c, x_m = self.ideal_times(np.float64(n_tokens), context_len)
+        x_c, x_m = self.ideal_times(float(n_tokens), context_len)
         self._record(float(x_c), float(x_m), float(seconds), n_tokens, context_len)
 
     def _record(self, x_c: float, x_m: float, seconds: float, n_tokens: int, context_len: int) -> None:
