@@ -174,3 +174,25 @@ def test_a_few_new_positions_are_projected_in_the_drafts_own_pass_and_many_are_c
         assert drafter.cached_positions == feats.shape[0]  # every committed position is cached after a draft
     # the prompt (nothing cached yet) and the long run are cached on their own; 2, 1 and 3 rows in-pass
     assert flushed == [5, dflash_drafter._FRESH_MAX + 1]
+
+
+def test_rotary_spans_from_the_cached_table_equal_direct_computation_bit_for_bit() -> None:
+    cfg = DFlashConfig.for_target(tiny_model("qwen3", seed=1).config, num_layers=1, block_size=4, target_layer_ids=(0,), mask_token_id=255)
+    rotary = DFlashDraftModel(cfg).rotary
+    for dtype in (torch.float32, torch.bfloat16):
+        for start, length in ((0, 4), (250, 16), (300, 40), (1500, 9)):  # the table grows past 256 and 512
+            cos, sin = rotary.span(start, length, dtype, torch.device("cpu"))
+            ref_cos, ref_sin = rotary(torch.arange(start, start + length)[None], dtype)
+            assert cos.shape == ref_cos.shape == (1, length, cfg.head_dim)
+            assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
+
+
+def test_a_block_start_position_gives_the_same_logits_as_its_position_tensor() -> None:
+    target, model, drafter, feats = _begun_drafter(seed=6, block_size=5, prompt_len=9)
+    ids = torch.full((1, 5), model.config.mask_token_id)
+    ids[0, 0] = 17
+    kw = dict(embed=target.input_embeddings(), head=target.output_head())
+    with torch.no_grad():
+        by_tensor = model.block_logits(feats[None], ids, block_positions=torch.arange(9, 14), **kw)
+        by_start = model.block_logits(feats[None], ids, block_positions=9, **kw)
+    assert torch.equal(by_tensor, by_start)

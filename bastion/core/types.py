@@ -74,9 +74,11 @@ class Marginals:
             raise InvalidInputError("logits need at least one depth (K >= 1), got K = 0")
         if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
             raise InvalidInputError(f"temperature must be a finite number > 0, got {temperature!r}")
+        if not validate:  # in float32 from the logits' own dtype: no separate float copy at temperature 1
+            if temperature == 1.0:
+                return cls(torch.log_softmax(logits, dim=-1, dtype=torch.float32))
+            return cls(torch.log_softmax(logits.float() / temperature, dim=-1))
         x = logits.float()
-        if not validate:
-            return cls(torch.log_softmax(x / temperature if temperature != 1.0 else x, dim=-1))
         # one reduction pass and one host transfer: amax propagates NaN, is +inf iff the row holds +inf,
         # and is -inf iff the whole row is -inf
         row_max = x.amax(dim=-1)  # [K]

@@ -235,13 +235,12 @@ class DFlashDrafter(Drafter):
         k = self.block_size - 1 if step.max_depth is None else max(1, min(self.block_size - 1, step.max_depth))  # no head rows past max_depth
         block = torch.full((1, self.block_size), self.config.mask_token_id, dtype=torch.long, device=device)
         block[0, :1].fill_(int(step.root_token))  # a kernel argument: no host-to-device copy
-        positions = torch.arange(committed, committed + self.block_size, device=device)  # [B]
         logits = self.model.block_logits(
             None,
             block,
             embed=self._embed,
             head=self._head,
-            block_positions=positions,
+            block_positions=committed,  # the block's B positions follow the committed ones
             past_context=self._cache.view(spare=spare),
             depths=k,
             fresh_context=fresh,
@@ -249,7 +248,7 @@ class DFlashDrafter(Drafter):
         if fresh is not None:  # their keys/values now sit in the first scratch slots
             self._cache.length += fresh.shape[1]
         # no validation read here: the tree builder's one transfer rejects NaN marginals
-        return Marginals.from_logits(logits[:k].float(), temperature=step.temperature, validate=False)
+        return Marginals.from_logits(logits[:k], temperature=step.temperature, validate=False)
 
     def open_batch(self, contexts: Sequence[DraftContext]) -> DFlashDraftBatch:
         """Per-row draft contexts in one padded buffer: one draft forward per step for every row."""

@@ -97,6 +97,7 @@ class RotaryEmbedding(nn.Module):
         # kept in fp32 outside the module's buffers, so casting the model to bf16 never rounds it
         self.inv_freq = inv_freq.float()  # [D / 2]
         self._per_device: dict[torch.device, torch.Tensor] = {}
+        self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self.scale = scale
 
     def _freqs_on(self, device: torch.device) -> torch.Tensor:
@@ -108,6 +109,17 @@ class RotaryEmbedding(nn.Module):
         freqs = positions.float()[..., None] * self._freqs_on(positions.device)  # [..., S, D/2]
         emb = torch.cat([freqs, freqs], dim=-1)  # [..., S, D]
         return (emb.cos() * self.scale).to(dtype), (emb.sin() * self.scale).to(dtype)
+
+    def span(self, start: int, length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` at the contiguous positions ``start .. start + length - 1`` -> two [1, length, D],
+        sliced from a table of every position so far (per device and dtype, grown by doubling): the same
+        values, without the per-step trigonometry."""
+        end = start + length
+        table = self._tables.get((device, dtype))
+        if table is None or table[0].shape[0] < end:
+            size = max(256, 1 << (end - 1).bit_length())
+            table = self._tables[(device, dtype)] = self(torch.arange(size, device=device), dtype)  # two [size, D]
+        return table[0][None, start:end], table[1][None, start:end]
 
 
 def _rope_inv_freq(config: DFlashConfig) -> tuple[torch.Tensor, float]:
@@ -363,7 +375,7 @@ class DFlashDraftModel(nn.Module):
     def forward(
         self,
         block_embeds: torch.Tensor,
-        block_positions: torch.Tensor,
+        block_positions: torch.Tensor | int,
         target_features: torch.Tensor | None = None,
         context_positions: torch.Tensor | None = None,
         context_mask: torch.Tensor | None = None,
@@ -373,7 +385,8 @@ class DFlashDraftModel(nn.Module):
         """Final (normed) hidden states ``[N, S, H]`` of blocks.
 
         ``block_embeds`` [N, S, H]: target embeddings of the block tokens; ``block_positions`` [N, S] or
-        [S]. Context = ``past_context`` (cached keys/values, shared) followed by ``target_features``
+        [S], or an int: the first of S contiguous positions shared by every block (rotary tables are then
+        read from a cached table). Context = ``past_context`` (cached keys/values, shared) followed by ``target_features``
         [Nc, C, F] (Nc = 1 shares one context across all blocks) at ``context_positions`` [Nc, C] or [C]
         (default: right after ``past_context``). ``context_mask`` [N, C_total] or [N, S, C_total] bool marks
         visible context positions (default: all). The block always sees all of itself.
@@ -402,7 +415,10 @@ class DFlashDraftModel(nn.Module):
             ctx = ContextKV((empty,) * len(self.layers), (empty,) * len(self.layers))
         if fresh_context is not None:
             return self._forward_fresh(x, block_positions, fresh_context, ctx, target_features, context_mask)
-        cos, sin = self.rotary(_batch_positions(block_positions, n), x.dtype)  # [N, S, D]
+        if isinstance(block_positions, int):  # one contiguous block shared by every row
+            cos, sin = self.rotary.span(block_positions, s, x.dtype, x.device)  # [1, S, D]
+        else:
+            cos, sin = self.rotary(_batch_positions(block_positions, n), x.dtype)  # [N, S, D]
         mask = _attention_mask(context_mask, n, s, ctx.length, x.device)
         for layer, k, v in zip(self.layers, ctx.keys, ctx.values):
             x = layer(x, cos, sin, k, v, mask, ctx.tail)
@@ -411,7 +427,7 @@ class DFlashDraftModel(nn.Module):
     def _forward_fresh(
         self,
         x: torch.Tensor,  # [1, S, H]
-        block_positions: torch.Tensor,
+        block_positions: torch.Tensor | int,
         fresh_context: torch.Tensor,  # [1, P, F] or [P, F]
         ctx: ContextKV,
         target_features: torch.Tensor | None,
@@ -426,8 +442,12 @@ class DFlashDraftModel(nn.Module):
         if not ctx.keys or ctx.tail < p + s:
             raise InvalidInputError(f"fresh_context needs past_context with at least {p + s} scratch slots, got {ctx.tail}")
         c = ctx.length
-        positions = torch.cat([torch.arange(c, c + p, device=x.device), _batch_positions(block_positions, 1)[0].to(x.device)])
-        cos_all, sin_all = self.rotary(positions[None], x.dtype)  # [1, P + S, D]
+        if isinstance(block_positions, int) and block_positions == c + p:  # the block right after them
+            cos_all, sin_all = self.rotary.span(c, p + s, x.dtype, x.device)  # [1, P + S, D]
+        else:
+            block = torch.arange(block_positions, block_positions + s, device=x.device) if isinstance(block_positions, int) else block_positions
+            positions = torch.cat([torch.arange(c, c + p, device=x.device), _batch_positions(block, 1)[0].to(x.device)])
+            cos_all, sin_all = self.rotary(positions[None], x.dtype)  # [1, P + S, D]
         fresh = _Fresh(self.project_features(feats), cos_all, sin_all)
         cos, sin = cos_all[:, p:], sin_all[:, p:]
         for layer, k, v in zip(self.layers, ctx.keys, ctx.values):
@@ -441,7 +461,7 @@ class DFlashDraftModel(nn.Module):
         *,
         embed: nn.Module,
         head: nn.Module,
-        block_positions: torch.Tensor,
+        block_positions: torch.Tensor | int,
         context_positions: torch.Tensor | None = None,
         context_mask: torch.Tensor | None = None,
         past_context: ContextKV | None = None,
