@@ -183,10 +183,6 @@ class RooflineLatency(LatencyModel):
         x_c, x_m = self.ideal_times(n_tokens, context_len)
         return self.params.predict(x_c, x_m)
 
-    def _corrected(self, n_tokens: np.ndarray, context_len: int | np.ndarray) -> np.ndarray:
-        base = self.roofline_seconds(n_tokens, context_len)
-        return base * self.residual.factor(n_tokens, context_len) if self.use_residual else base
-
     def _lines(self, n: np.ndarray, context_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Both branches of the corrected prediction for sizes ``n`` [N] as lines in the context ``c``:
         ``T(n, c) = max(p_c + c * q_c, p_m + c * q_m)`` (each [N]), exact within ``context_len``'s
