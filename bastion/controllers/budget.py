@@ -51,30 +51,22 @@ Rule = Literal["scan", "first-decrease"]
 BastionDecision = BudgetDecision
 
 
-def _check_scores_shape(log_scores: torch.Tensor) -> None:
+def _host_scores(log_scores: torch.Tensor) -> list[float]:
+    """The one host transfer of a step: FloatTensor[n_max] -> checked floats [n_max] (the per-step
+    arithmetic runs on a few dozen numbers, where Python floats beat NumPy calls)."""
     if not isinstance(log_scores, torch.Tensor) or log_scores.dim() != 1 or log_scores.shape[0] < 1:
         raise InvalidInputError(
             f"log_scores must be a non-empty 1-D tensor, got {getattr(log_scores, 'shape', type(log_scores).__name__)}"
         )
-
-
-def _scores_to_numpy(log_scores: torch.Tensor) -> np.ndarray:
-    """The one host transfer of a step: FloatTensor[n_max] -> float64 array [n_max]."""
-    _check_scores_shape(log_scores)
-    arr = log_scores.detach().to("cpu", torch.float64).numpy()
-    if np.isnan(arr).any() or (arr > 1e-6).any():
-        raise InvalidInputError("log_scores must be log-probabilities (<= 0, no NaN)")
-    return arr
-
-
-def _host_scores(log_scores: torch.Tensor) -> list[float]:
-    """:func:`_scores_to_numpy` as plain floats [n_max] (the single-sequence path's per-step arithmetic
-    runs on a few dozen numbers, where Python floats beat NumPy calls)."""
-    _check_scores_shape(log_scores)
     values: list[float] = log_scores.detach().cpu().tolist()
     if not all(v <= 1e-6 for v in values):  # a NaN fails the comparison too
         raise InvalidInputError("log_scores must be log-probabilities (<= 0, no NaN)")
     return values
+
+
+def _scores_to_numpy(log_scores: torch.Tensor) -> np.ndarray:
+    """:func:`_host_scores` as a float64 array [n_max] (the batched paths' row-wise NumPy arithmetic)."""
+    return np.array(_host_scores(log_scores), dtype=np.float64)
 
 
 def _check_overhead(overhead_s: float) -> float:

@@ -74,6 +74,12 @@ def _pava(values: list[float], weights: list[float]) -> list[float]:
     return [b[0] for b in blocks for _ in range(int(b[2]))]
 
 
+def _logit(log_rho: float) -> float:
+    """logit(rho) from log rho; rho = 1 gives a large finite value (-expm1 of a negative number is in
+    (0, 1], so the log never sees 0)."""
+    return log_rho - math.log(-math.expm1(log_rho if log_rho < -1e-300 else -1e-300))
+
+
 @frozen
 class CalibrationTable:
     """A snapshot of one sampling setting's mapping over the bins that have seen nodes."""
@@ -163,11 +169,10 @@ class AcceptanceCalibrator:
         m = table.rates
         xs, ys, slopes = m.xs, m.ys, m.slopes
         first, last, top = xs[0], xs[-1], len(xs) - 1
-        exp, log, expm1, bisect_right = math.exp, math.log, math.expm1, bisect.bisect_right
+        exp, bisect_right = math.exp, bisect.bisect_right
         out = []
         for v in log_scores:
-            # logit(rho), unclipped: the seen bins' centres lie inside the binned range
-            z = v - log(-expm1(v if v < -1e-300 else -1e-300))
+            z = _logit(v)  # unclipped: the seen bins' centres lie inside the binned range
             if z < first:  # below the seen bins: the nearest seen bin's correction, capped to stay monotone
                 g = exp(v) * m.low_factor
                 out.append(g if g < ys[0] else ys[0])
@@ -199,10 +204,9 @@ class AcceptanceCalibrator:
         score = table.score = [x * decay for x in table.score]
         table.steps += 1
         (lo, hi), width, top = self.logit_range, self._width, self.bins - 1
-        exp, log, expm1 = math.exp, math.log, math.expm1
+        exp = math.exp
         for v, hit in zip(log_scores, accepted):
-            # logit(rho) clipped to the binned range (-expm1 of a negative number is in (0, 1])
-            z = v - log(-expm1(v if v < -1e-300 else -1e-300))
+            z = _logit(v)  # the end bins take everything outside the binned range
             i = int(((z if z < hi else hi) - lo) // width) if z > lo else 0
             i = top if i > top else i
             count[i] += 1.0
