@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from bastion.core.hf_target import HFTarget
 from bastion.core.types import DraftContext, DraftStep
 from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel, DFlashDrafter
-from bastion.drafters.dflash.model import _grouped_attention
+from bastion.drafters.dflash.ops import grouped_attention as _grouped_attention
 from bastion.testing.tiny import tiny_model
 
 

@@ -21,13 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FusedLinears"]
+__all__ = ["FusedLinears", "weight_state"]
 
 #: the largest concatenated weight kept (elements): 4M is 8 MB in bfloat16
 MAX_FUSED_ELEMENTS = 4 * 1024 * 1024
 
 
-def _state(t: torch.Tensor | None) -> tuple[object, ...]:
+def weight_state(t: torch.Tensor | None) -> tuple[object, ...]:
+    """What identifies a weight's current values: the tensor, its storage, its in-place version, dtype and device."""
     if t is None:
         return ()
     try:
@@ -44,6 +45,7 @@ class FusedLinears:
         if not linears or len({lin.in_features for lin in linears}) != 1:
             raise ValueError("FusedLinears needs linear layers of one input width")
         self._linears = linears
+        self.linears = linears
         self._widths = [lin.out_features for lin in linears]
         self._fits = sum(self._widths) * linears[0].in_features <= max_elements
         self._key: tuple[object, ...] | None = None
@@ -54,8 +56,22 @@ class FusedLinears:
         """Each layer's output for ``x`` [..., in_features], in the layers' order."""
         if torch.is_grad_enabled() or not self._fits:
             return tuple(lin(x) for lin in self._linears)
+        return tuple(self.joint(x).split(self._widths, dim=-1))
+
+    def joint(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers' outputs for ``x`` side by side, ``[..., sum out]`` (one product where it fits)."""
+        packed = None if torch.is_grad_enabled() else self.pack()
+        if packed is None:
+            return torch.cat([lin(x) for lin in self._linears], dim=-1)
+        return F.linear(x, *packed)  # [..., sum out]
+
+    def pack(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The concatenated weight [sum out, in] and bias [sum out] (or None), rebuilt when a source
+        changed; None when the concatenation would exceed ``max_elements``."""
+        if not self._fits:
+            return None
         linears = self._linears
-        key = tuple(s for lin in linears for s in (*_state(lin.weight), *_state(lin.bias)))
+        key = tuple(s for lin in linears for s in (*weight_state(lin.weight), *weight_state(lin.bias)))
         if key != self._key:
             with torch.no_grad():
                 self._weight = torch.cat([lin.weight for lin in linears])  # [sum out, in]
@@ -64,5 +80,4 @@ class FusedLinears:
                 if any(b is not None for b in biases):
                     self._bias = torch.cat([b if b is not None else lin.weight.new_zeros(lin.out_features) for b, lin in zip(biases, linears)])
             self._key = key
-        out = F.linear(x, self._weight, self._bias)  # [..., sum out]
-        return tuple(out.split(self._widths, dim=-1))
+        return self._weight, self._bias

@@ -59,7 +59,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from attrs import field, frozen
 from torch import nn
 
@@ -67,7 +66,9 @@ from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.files import read_json_object
 from bastion.drafters.dflash.checkpoint import load_dflash_state_dict, read_weight_shapes, resolve_checkpoint_dir
 from bastion.drafters.dflash.config import _ACTIVATIONS, CONFIG_NAME, WEIGHTS_NAME, DFlashConfig
+from bastion.drafters.dflash.decode import DecodePlan, decode_layers
 from bastion.drafters.dflash.fused import FusedLinears
+from bastion.drafters.dflash.ops import grouped_attention, rms_norm, signed_sin
 
 __all__ = ["DFlashDraftModel", "ContextKV", "expected_weight_shapes"]
 
@@ -81,10 +82,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -97,7 +95,7 @@ class RotaryEmbedding(nn.Module):
         # kept in fp32 outside the module's buffers, so casting the model to bf16 never rounds it
         self.inv_freq = inv_freq.float()  # [D / 2]
         self._per_device: dict[torch.device, torch.Tensor] = {}
-        self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.scale = scale
 
     def _freqs_on(self, device: torch.device) -> torch.Tensor:
@@ -110,16 +108,19 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)  # [..., S, D]
         return (emb.cos() * self.scale).to(dtype), (emb.sin() * self.scale).to(dtype)
 
-    def span(self, start: int, length: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def span(
+        self, start: int, length: int, dtype: torch.dtype, device: torch.device, *, signed: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` at the contiguous positions ``start .. start + length - 1`` -> two [1, length, D],
         sliced from a table of every position so far (per device and dtype, grown by doubling): the same
-        values, without the per-step trigonometry."""
+        values, without the per-step trigonometry. ``signed``: the sin table as :func:`signed_sin` gives it."""
         end = start + length
         table = self._tables.get((device, dtype))
         if table is None or table[0].shape[0] < end:
             size = max(256, 1 << (end - 1).bit_length())
-            table = self._tables[(device, dtype)] = self(torch.arange(size, device=device), dtype)  # two [size, D]
-        return table[0][None, start:end], table[1][None, start:end]
+            cos, sin = self(torch.arange(size, device=device), dtype)  # two [size, D]
+            table = self._tables[(device, dtype)] = (cos, sin, signed_sin(sin))
+        return table[0][None, start:end], table[2 if signed else 1][None, start:end]
 
 
 def _rope_inv_freq(config: DFlashConfig) -> tuple[torch.Tensor, float]:
@@ -230,64 +231,18 @@ class DFlashAttention(nn.Module):
         ctx_k: torch.Tensor,  # [Nc, h_kv, C + tail, D], Nc in {1, N}
         ctx_v: torch.Tensor,
         mask: torch.Tensor | None,  # [N, 1, S, C + S] bool (True = visible) or None
-        tail: int = 0,  # scratch slots after the C context slots of ctx_k / ctx_v
-        fresh: "_Fresh | None" = None,  # context rows not yet in ctx_k / ctx_v (N = 1, no mask)
+        tail: int = 0,  # scratch slots after the C context slots of ctx_k / ctx_v (not read here)
     ) -> torch.Tensor:
-        if fresh is not None:
-            return self._with_fresh_context(x, cos, sin, ctx_k, ctx_v, tail, fresh)
         n, s, _ = x.shape
         q, k_lin, v_lin = self._qkv(x)  # [N, S, h * D], two [N, S, h_kv * D]
         q = self.q_norm(q.view(n, s, self.n_heads, self.head_dim)).transpose(1, 2)  # [N, h, S, D]
         q = _apply_rope(q, cos, sin)
         k_blk, v_blk = self._keys_values(k_lin, v_lin, cos, sin)  # [N, h_kv, S, D]
         c = ctx_k.shape[2] - tail
-        if tail >= s and ctx_k.shape[0] == n and not torch.is_grad_enabled():
-            # the block's keys/values go into the scratch slots in place: no copy of the context
-            ctx_k[:, :, c : c + s] = k_blk
-            ctx_v[:, :, c : c + s] = v_blk
-            k, v = ctx_k[:, :, : c + s], ctx_v[:, :, : c + s]  # [N, h_kv, C + S, D] views
-        else:
-            k = torch.cat([ctx_k[:, :, :c].expand(n, -1, -1, -1), k_blk], dim=2)  # [N, h_kv, C + S, D]
-            v = torch.cat([ctx_v[:, :, :c].expand(n, -1, -1, -1), v_blk], dim=2)
-        out = _grouped_attention(q, k, v, mask, self.head_dim**-0.5)  # [N, h, S, D]
+        k = torch.cat([ctx_k[:, :, :c].expand(n, -1, -1, -1), k_blk], dim=2)  # [N, h_kv, C + S, D]
+        v = torch.cat([ctx_v[:, :, :c].expand(n, -1, -1, -1), v_blk], dim=2)
+        out = grouped_attention(q, k, v, mask, self.head_dim**-0.5)  # [N, h, S, D]
         return self.o_proj(out.transpose(1, 2).reshape(n, s, self.n_heads * self.head_dim))
-
-    def _with_fresh_context(
-        self,
-        x: torch.Tensor,  # [1, S, H] block hidden states
-        cos: torch.Tensor,  # [1, S, D] at block positions
-        sin: torch.Tensor,
-        ctx_k: torch.Tensor,  # [1, h_kv, C + tail, D]
-        ctx_v: torch.Tensor,
-        tail: int,  # >= P + S scratch slots after the C committed ones
-        fresh: "_Fresh",
-    ) -> torch.Tensor:
-        """The block's attention when P context positions are not cached yet: their projected vectors go
-        through the same query/key/value product as the block's rows (one product for P + S rows; the P
-        context queries are not used), and their keys/values are written into the scratch slots right
-        after the C committed ones, ahead of the block's. The caller then counts those P slots as cached."""
-        _, s, _ = x.shape
-        p = fresh.vectors.shape[1]
-        rows = torch.cat([fresh.vectors, x], dim=1)  # [1, P + S, H]
-        q, k_lin, v_lin = self._qkv(rows)
-        q = self.q_norm(q[:, p:].reshape(1, s, self.n_heads, self.head_dim)).transpose(1, 2)  # [1, h, S, D]
-        q = _apply_rope(q, cos, sin)
-        k_new, v_new = self._keys_values(k_lin, v_lin, fresh.cos, fresh.sin)  # [1, h_kv, P + S, D]
-        c = ctx_k.shape[2] - tail
-        ctx_k[:, :, c : c + p + s] = k_new
-        ctx_v[:, :, c : c + p + s] = v_new
-        out = _grouped_attention(q, ctx_k[:, :, : c + p + s], ctx_v[:, :, : c + p + s], None, self.head_dim**-0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(1, s, self.n_heads * self.head_dim))
-
-
-@frozen
-class _Fresh:
-    """Context positions projected in the block's own pass: vectors [1, P, H] and the rotary tables of
-    the P context positions followed by the S block positions, [1, P + S, D] each."""
-
-    vectors: torch.Tensor = field(eq=False)
-    cos: torch.Tensor = field(eq=False)
-    sin: torch.Tensor = field(eq=False)
 
 
 class DFlashMLP(nn.Module):
@@ -312,8 +267,8 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, tail=0, fresh=None):  # type: ignore[no-untyped-def]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask, tail, fresh)
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask, tail=0):  # type: ignore[no-untyped-def]
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask, tail)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -329,6 +284,7 @@ class DFlashDraftModel(nn.Module):
         self.fc = nn.Linear(config.feature_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config)
+        self._plan: DecodePlan | None = None  # the decode pass's gathered weights (see decode.py)
         self.reset_parameters()
 
     # ---------------------------------------------------------------- parameters
@@ -415,6 +371,8 @@ class DFlashDraftModel(nn.Module):
             ctx = ContextKV((empty,) * len(self.layers), (empty,) * len(self.layers))
         if fresh_context is not None:
             return self._forward_fresh(x, block_positions, fresh_context, ctx, target_features, context_mask)
+        if n == 1 and ctx.tail >= s and context_mask is None and ctx.keys[0].shape[0] == 1 and not torch.is_grad_enabled():
+            return self._decode(x, block_positions, None, ctx)  # a decode step: the lean pass
         if isinstance(block_positions, int):  # one contiguous block shared by every row
             cos, sin = self.rotary.span(block_positions, s, x.dtype, x.device)  # [1, S, D]
         else:
@@ -441,18 +399,28 @@ class DFlashDraftModel(nn.Module):
             raise InvalidInputError("fresh_context takes one block and no target_features or context_mask")
         if not ctx.keys or ctx.tail < p + s:
             raise InvalidInputError(f"fresh_context needs past_context with at least {p + s} scratch slots, got {ctx.tail}")
-        c = ctx.length
+        return self._decode(x, block_positions, self.project_features(feats), ctx)
+
+    def _decode(
+        self,
+        x: torch.Tensor,  # [1, S, H]
+        block_positions: torch.Tensor | int,
+        context: torch.Tensor | None,  # [1, P, H] context vectors after the cached ones, not cached yet
+        ctx: ContextKV,  # cached keys/values with >= P + S scratch slots
+    ) -> torch.Tensor:
+        """One block over the cached context (and ``context``), through :func:`decode_layers`: the
+        module path's numbers in fewer operations; the P positions' keys/values fill the first scratch slots."""
+        s, c = x.shape[1], ctx.length
+        p = 0 if context is None else context.shape[1]
         if isinstance(block_positions, int) and block_positions == c + p:  # the block right after them
-            cos_all, sin_all = self.rotary.span(c, p + s, x.dtype, x.device)  # [1, P + S, D]
+            cos, sin = self.rotary.span(c, p + s, x.dtype, x.device, signed=True)  # [1, P + S, D]
         else:
             block = torch.arange(block_positions, block_positions + s, device=x.device) if isinstance(block_positions, int) else block_positions
             positions = torch.cat([torch.arange(c, c + p, device=x.device), _batch_positions(block, 1)[0].to(x.device)])
-            cos_all, sin_all = self.rotary(positions[None], x.dtype)  # [1, P + S, D]
-        fresh = _Fresh(self.project_features(feats), cos_all, sin_all)
-        cos, sin = cos_all[:, p:], sin_all[:, p:]
-        for layer, k, v in zip(self.layers, ctx.keys, ctx.values):
-            x = layer(x, cos, sin, k, v, None, ctx.tail, fresh)
-        return self.norm(x)
+            cos, sin = self.rotary(positions[None], x.dtype)  # [1, P + S, D]
+            sin = signed_sin(sin)
+        self._plan = plan = DecodePlan.current(self, self._plan)
+        return decode_layers(plan, x, cos[:, None], sin[:, None], context, ctx.keys, ctx.values, c)
 
     def block_logits(
         self,
@@ -568,22 +536,6 @@ def _check_weight_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, 
     wrong = [f"{k}: checkpoint {found[k]} vs config {shape}" for k, shape in expected.items() if found[k] != shape]
     if wrong:
         raise IncompatibleComponentsError(f"DFlash checkpoint {path} has weights of the wrong shape: " + "; ".join(wrong))
-
-
-def _grouped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
-) -> torch.Tensor:
-    """Attention of ``q`` [N, h, S, D] over ``k`` / ``v`` [N, h_kv, L, D] where query head ``j`` reads
-    key head ``j // (h / h_kv)``. The query heads sharing a key head are folded into the query axis
-    ([N, h_kv, rep * S, D]), so the keys and values are never repeated or copied."""
-    n, h, s, d = q.shape
-    rep = h // k.shape[1]
-    if rep == 1:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    qg = q.reshape(n, k.shape[1], rep * s, d)  # [N, h_kv, rep * S, D]
-    mg = None if mask is None else mask.repeat(1, 1, rep, 1)  # [N, 1, rep * S, L]
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mg, scale=scale)  # [N, h_kv, rep * S, D]
-    return out.reshape(n, h, s, d)
 
 
 def _module_device(module: nn.Module, default: torch.device) -> torch.device:
