@@ -116,3 +116,12 @@ def test_the_gathered_weights_are_reused_until_a_weight_changes_and_follow_every
             change()
         check()
         assert model._plan is not before
+
+
+def test_fresh_context_of_the_wrong_width_is_refused_naming_both_widths() -> None:
+    from bastion.core.errors import InvalidInputError
+
+    model = _model()
+    feats = torch.randn(1, 6, model.config.feature_size)
+    with torch.inference_mode(), pytest.raises(InvalidInputError, match=f"width 7, expected {model.config.feature_size}"):
+        model(torch.randn(1, 5, 64), 8, past_context=_cached(model, feats, spare=7), fresh_context=torch.randn(1, 2, 7))

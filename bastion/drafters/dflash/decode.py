@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DecodePlan", "decode_layers"]
 
+
 def _version(t: torch.Tensor) -> int:
     try:
         return t._version
@@ -93,6 +94,13 @@ class DecodePlan:
         self._state = [(t.data_ptr(), _version(t)) for t in self._tensors]
         self.layers = tuple(_gather(layer) for layer in model.layers)
         self.final_norm, self.final_eps = model.norm.weight, model.norm.eps
+        self._fc_weight, self._fc_bias = model.fc.weight, model.fc.bias
+        self._hidden_norm, self._hidden_eps = model.hidden_norm.weight, model.hidden_norm.eps
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features ``[.., F]`` -> context vectors ``[.., H]`` (the model's ``fc`` then ``hidden_norm``)."""
+        vectors = F.linear(features.to(self._fc_weight.dtype), self._fc_weight, self._fc_bias)
+        return rms_norm(vectors, self._hidden_norm, self._hidden_eps)
 
     def matches(self) -> bool:
         """Whether every weight is still the one gathered, with the same storage and version."""

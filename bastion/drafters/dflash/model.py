@@ -313,12 +313,15 @@ class DFlashDraftModel(nn.Module):
     # ---------------------------------------------------------------- computation
     def project_features(self, target_features: torch.Tensor) -> torch.Tensor:
         """Target features ``[.., C, F]`` -> context vectors ``[.., C, H]`` (``fc`` then ``hidden_norm``)."""
+        self._check_feature_width(target_features)
+        return self.hidden_norm(self.fc(target_features.to(self.dtype)))
+
+    def _check_feature_width(self, target_features: torch.Tensor) -> None:
         if target_features.shape[-1] != self.config.feature_size:
             raise InvalidInputError(
                 f"target features have width {target_features.shape[-1]}, expected {self.config.feature_size} "
                 f"({len(self.config.target_layer_ids)} layers x hidden {self.config.hidden_size})"
             )
-        return self.hidden_norm(self.fc(target_features.to(self.dtype)))
 
     def context_kv(self, target_features: torch.Tensor, positions: torch.Tensor) -> ContextKV:
         """Per-layer keys/values for context features ``[N, C, F]`` at ``positions`` [N, C] (or [C])."""
@@ -399,19 +402,21 @@ class DFlashDraftModel(nn.Module):
             raise InvalidInputError("fresh_context takes one block and no target_features or context_mask")
         if not ctx.keys or ctx.tail < p + s:
             raise InvalidInputError(f"fresh_context needs past_context with at least {p + s} scratch slots, got {ctx.tail}")
-        return self._decode(x, block_positions, self.project_features(feats), ctx)
+        self._check_feature_width(feats)
+        return self._decode(x, block_positions, feats, ctx)
 
     def _decode(
         self,
         x: torch.Tensor,  # [1, S, H]
         block_positions: torch.Tensor | int,
-        context: torch.Tensor | None,  # [1, P, H] context vectors after the cached ones, not cached yet
+        features: torch.Tensor | None,  # [1, P, F] target features of the positions after the cached ones
         ctx: ContextKV,  # cached keys/values with >= P + S scratch slots
     ) -> torch.Tensor:
-        """One block over the cached context (and ``context``), through :func:`decode_layers`: the
-        module path's numbers in fewer operations; the P positions' keys/values fill the first scratch slots."""
+        """One block over the cached context (and the P positions of ``features``, projected in the
+        same pass), through :func:`decode_layers`: the module path's numbers in fewer operations; the P
+        positions' keys/values fill the first scratch slots."""
         s, c = x.shape[1], ctx.length
-        p = 0 if context is None else context.shape[1]
+        p = 0 if features is None else features.shape[1]
         if isinstance(block_positions, int) and block_positions == c + p:  # the block right after them
             cos, sin = self.rotary.span(c, p + s, x.dtype, x.device, signed=True)  # [1, P + S, D]
         else:
@@ -420,6 +425,7 @@ class DFlashDraftModel(nn.Module):
             cos, sin = self.rotary(positions[None], x.dtype)  # [1, P + S, D]
             sin = signed_sin(sin)
         self._plan = plan = DecodePlan.current(self, self._plan)
+        context = None if features is None else plan.project(features)  # [1, P, H]
         return decode_layers(plan, x, cos[:, None], sin[:, None], context, ctx.keys, ctx.values, c)
 
     def block_logits(
@@ -538,16 +544,21 @@ def _check_weight_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, 
         raise IncompatibleComponentsError(f"DFlash checkpoint {path} has weights of the wrong shape: " + "; ".join(wrong))
 
 
+def _weight_of(module: nn.Module) -> torch.Tensor | None:
+    """The module's first parameter: its ``weight`` where it has one (an embedding, a linear head),
+    read without walking its parameters."""
+    weight = module.__dict__.get("_parameters", {}).get("weight")
+    return weight if weight is not None else next(module.parameters(), None)
+
+
 def _module_device(module: nn.Module, default: torch.device) -> torch.device:
-    for p in module.parameters():
-        return p.device
-    return default
+    weight = _weight_of(module)
+    return default if weight is None else weight.device
 
 
 def _module_dtype(module: nn.Module, default: torch.dtype) -> torch.dtype:
-    for p in module.parameters():
-        return p.dtype
-    return default
+    weight = _weight_of(module)
+    return default if weight is None else weight.dtype
 
 
 def _batch_positions(positions: torch.Tensor, n: int) -> torch.Tensor:
