@@ -223,8 +223,7 @@ class BudgetController(abc.ABC):
     def observe(self, outcome: StepFeedback) -> None:  # noqa: B027 - optional hook
         """What the step just verified realized (online calibration). Every speculative step is
         reported; plain steps (``outcome.drafted`` False), all alike, are reported in a sample: in
-        single-sequence decoding one in 32 of each run of plain steps, from its second step on (a run's
-        first step, slowed by the draft before it, only until a later one was reported)."""
+        single-sequence decoding the first of each run of plain steps and then one in 32."""
 
     def begin_batch(self, sampling: SamplingConfig, batch_size: int) -> None:
         """A batch of ``batch_size`` sequences starts (the default: :meth:`begin`)."""

@@ -134,7 +134,6 @@ class Pipeline:
                 f"drafter vocabulary ({self.drafter.vocab_size}) differs from the target's ({target.vocab_size})"
             )
         self._plain_steps = 0  # consecutive plain steps so far
-        self._plain_reported = False  # whether a plain step past the first of its run has been reported
         dev = target.device
         # parents, depths and log scores of a root-only tree (the plain step)
         self._root_only = (
@@ -676,7 +675,9 @@ class Pipeline:
         self.drafter.commit(tree.tokens, out.features)  # the features the plain forward already produced
         t3 = time.perf_counter()
         self._plain_steps += 1
-        if self._reports_plain_step():
+        # plain steps are all alike (n = 1, no draft): the first of a run and then one in
+        # _PLAIN_REPORT_EVERY go to the latency model and the controller, which keep running means
+        if (self._plain_steps - 1) % _PLAIN_REPORT_EVERY == 0:
             self.latency_model.observe(1, ctx, t2 - t0)  # forward + the read of its choice
             self.budget_controller.observe(
                 StepFeedback(
@@ -690,20 +691,6 @@ class Pipeline:
             )
         timings = StageTimings(verify=t1 - t0, accept=t2 - t1, commit=t3 - t2, other=time.perf_counter() - t3)
         return StepOutcome(record=StepRecord.plain(ctx, timings), verdict=verdict)
-
-    def _reports_plain_step(self) -> bool:
-        """Whether this plain step goes to the latency model and the controller, which keep running
-        means: plain steps are all alike (n = 1, no draft), so one in ``_PLAIN_REPORT_EVERY`` of a run
-        does, from the run's second step on. The first step after a drafted one runs on caches the
-        draft evicted, slower than the plain steps it stands for (the baseline every predicted speedup
-        compares against), so it is reported only until a plain step has been."""
-        k = self._plain_steps
-        if k == 1:
-            return not self._plain_reported
-        if (k - 2) % _PLAIN_REPORT_EVERY:
-            return False
-        self._plain_reported = True
-        return True
 
     def _verify(
         self, tree: Tree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
