@@ -231,7 +231,7 @@ class DFlashAttention(nn.Module):
         ctx_k: torch.Tensor,  # [Nc, h_kv, C + tail, D], Nc in {1, N}
         ctx_v: torch.Tensor,
         mask: torch.Tensor | None,  # [N, 1, S, C + S] bool (True = visible) or None
-        tail: int = 0,  # scratch slots after the C context slots of ctx_k / ctx_v (not read here)
+        tail: int = 0,  # scratch slots after the C context slots of ctx_k / ctx_v (left out)
     ) -> torch.Tensor:
         n, s, _ = x.shape
         q, k_lin, v_lin = self._qkv(x)  # [N, S, h * D], two [N, S, h_kv * D]
