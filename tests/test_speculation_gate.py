@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -108,6 +109,34 @@ def test_a_stream_of_short_requests_probes_as_one_long_sequence_would():
     assert drafted([5] * 20) == drafted([100])
 
 
+def test_a_request_that_starts_switched_off_probes_first_where_its_settings_probes_often_paid():
+    gate = SpeculationGate(min_backoff=2, max_backoff=16, smoothing=1.0)
+    gate.start("T=0")
+    run(gate, itertools.cycle([3.0, 0.5]), 19)  # every probe pays, every step after one does not
+    assert not gate.speculating and gate.wait > 0
+    gate.start("T=0")  # the next request: a new text, looked at on its first step
+    assert gate.should_draft() and gate.plain_steps == 0
+    gate.update(3.0)  # it pays: speculation resumes, the back-off returns to its minimum
+    assert gate.speculating and gate.backoff == 2
+    # the same history with start probes off: the countdown goes on where it stopped
+    off = SpeculationGate(min_backoff=2, max_backoff=16, smoothing=1.0, start_probe=None)
+    off.start("T=0")
+    run(off, itertools.cycle([3.0, 0.5]), 19)
+    left = off.wait
+    off.start("T=0")
+    assert run(off, iter(lambda: 0.5, None), left + 1) == [False] * left + [True]
+
+
+def test_a_setting_whose_probes_stopped_paying_keeps_its_countdown_across_requests():
+    gate = SpeculationGate(min_backoff=2, max_backoff=16, smoothing=1.0)
+    gate.start("T=1")
+    run(gate, iter([3.0] + [0.5] * 100), 60)  # the first probe paid, every later one failed
+    left = gate.wait
+    assert not gate.speculating and left > 0
+    gate.start("T=1")  # too few probes pay now: no first look, the countdown decides
+    assert run(gate, iter(lambda: 0.5, None), left + 1) == [False] * left + [True]
+
+
 def test_a_setting_that_ended_speculating_starts_its_next_sequence_speculating():
     gate = SpeculationGate()
     gate.start("T=0")
@@ -120,7 +149,8 @@ def test_a_setting_that_ended_speculating_starts_its_next_sequence_speculating()
     "kwargs",
     [dict(margin=-1.0), dict(margin=math.nan), dict(smoothing=0.0), dict(smoothing=1.5), dict(min_backoff=0),
      dict(min_backoff=8, max_backoff=4), dict(growth=0.5), dict(max_backoff=2.5), dict(probe_share=0.0),
-     dict(probe_share=1.5), dict(probe_share=math.nan), dict(max_backoff=64, ceiling=32)],
+     dict(probe_share=1.5), dict(probe_share=math.nan), dict(max_backoff=64, ceiling=32), dict(start_probe=-0.1),
+     dict(start_probe=1.5), dict(start_probe=math.nan)],
 )
 def test_bad_gate_parameters_raise_invalid_input(kwargs):
     with pytest.raises(InvalidInputError):

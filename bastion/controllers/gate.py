@@ -34,7 +34,12 @@ separate them (on the demo pair on a CPU a failed probe costs about 2.7 plain st
 On the way to the cap, the wait after a probe that did not pay is the back-off times ``max(1, E)``
 (capped): a probe that costs E plain steps more than the step it replaced costs the same share of the
 wait before it as a probe that costs one.
-:meth:`start` carries the countdown across the requests of one sampling setting.
+:meth:`start` carries the countdown across the requests of one sampling setting. A request is a new
+text, though, and greedy requests differ: one whose drafts are mostly accepted can follow one whose
+drafts were not. So a request that starts switched off probes on its first step when enough of its
+setting's recent probes paid (``start_probe``, a running share over probes): under a setting where
+drafting sometimes pays, each request gets its own first look; under one where probes keep failing
+(sampling at T = 1 with this drafter), the share falls and the countdown alone decides, as before.
 
 The gate holds per-sequence state only: call :meth:`reset` at the start of each sequence. A batched
 decoder keeps one gate for the whole batch and calls :meth:`should_draft` once per batched step.
@@ -48,6 +53,9 @@ from bastion.core.checks import check_int, check_number
 from bastion.core.errors import InvalidInputError
 
 __all__ = ["SpeculationGate"]
+
+#: weight of the newest probe in the running share of probes that paid (``start_probe``)
+_PAID_WEIGHT = 0.25
 
 
 class SpeculationGate:
@@ -70,6 +78,10 @@ class SpeculationGate:
         probe_share`` plain steps. None keeps the cap at ``max_backoff``.
     ceiling:
         The largest cap ``probe_share`` may set.
+    start_probe:
+        A sequence that starts switched off probes on its first step when the running share of this
+        setting's probes that paid (each probe weighs ``1/4``) is at least this; None: never (the
+        carried countdown alone decides when the next probe comes).
     """
 
     def __init__(
@@ -82,6 +94,7 @@ class SpeculationGate:
         growth: float = 2.0,
         probe_share: float | None = 0.005,
         ceiling: int = 4096,
+        start_probe: float | None = 0.25,
     ) -> None:
         if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin == math.inf):
             margin = check_number("margin", margin)  # a finite margin >= 0, or inf (never trust speculation)
@@ -98,6 +111,10 @@ class SpeculationGate:
             if probe_share > 1:
                 raise InvalidInputError(f"probe_share must be in (0, 1] or None, got {probe_share!r}")
         ceiling = check_int("ceiling", ceiling)
+        if start_probe is not None:
+            start_probe = check_number("start_probe", start_probe)
+            if start_probe > 1:
+                raise InvalidInputError(f"start_probe must be in [0, 1] or None, got {start_probe!r}")
         if ceiling < max_backoff:
             raise InvalidInputError(f"ceiling ({ceiling}) is below max_backoff ({max_backoff})")
         self.margin = float(margin)
@@ -107,6 +124,9 @@ class SpeculationGate:
         self.growth = float(growth)
         self.probe_share = None if probe_share is None else float(probe_share)
         self.ceiling = ceiling
+        self.start_probe = None if start_probe is None else float(start_probe)
+        #: per sampling key, the running share of probes that paid (None until its first probe)
+        self._paid: dict[object, float] = {}
         #: per sampling key, the running mean of what a probe that did not pay cost beyond the plain
         #: steps it replaced, in plain steps (a failed probe at T = 0 still emits a few tokens, one at
         #: T = 1 hardly any, so the excess is the setting's own); it sets :attr:`cap`
@@ -132,6 +152,9 @@ class SpeculationGate:
         if ended is not None and not ended[0]:
             self.speculating, self._probing = False, False
             self.backoff, self.gain, self.wait = ended[1], ended[2], ended[3]
+            paid = self._paid.get(key)
+            if self.start_probe is not None and paid is not None and paid >= self.start_probe:
+                self.wait = 0  # a new text under a setting where probes often pay: look at it first
 
     def reset(self) -> None:
         """Start a new sequence: speculate on the first step (it is the first probe)."""
@@ -165,6 +188,10 @@ class SpeculationGate:
         else:
             self.gain = gain if self.gain is None else (1 - self.smoothing) * self.gain + self.smoothing * gain
         pays = self.gain > self.margin
+        if self._probing:
+            last = self._paid.get(self._key)
+            won = 1.0 if pays else 0.0
+            self._paid[self._key] = won if last is None else last + _PAID_WEIGHT * (won - last)
         if pays:
             self.speculating = True
             self.backoff = self.min_backoff
@@ -211,5 +238,6 @@ class SpeculationGate:
     def __repr__(self) -> str:
         return (
             f"SpeculationGate(margin={self.margin}, smoothing={self.smoothing}, min_backoff={self.min_backoff}, "
-            f"max_backoff={self.max_backoff}, growth={self.growth}, probe_share={self.probe_share}, ceiling={self.ceiling})"
+            f"max_backoff={self.max_backoff}, growth={self.growth}, probe_share={self.probe_share}, ceiling={self.ceiling}, "
+            f"start_probe={self.start_probe})"
         )
