@@ -21,14 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FusedLinears", "weight_state"]
+__all__ = ["FusedLinears"]
 
 #: the largest concatenated weight kept (elements): 4M is 8 MB in bfloat16
 MAX_FUSED_ELEMENTS = 4 * 1024 * 1024
 
 
-def weight_state(t: torch.Tensor | None) -> tuple[object, ...]:
-    """What identifies a weight's current values: the tensor, its storage, its in-place version, dtype and device."""
+def _state(t: torch.Tensor | None) -> tuple[object, ...]:
     if t is None:
         return ()
     try:
@@ -44,7 +43,6 @@ class FusedLinears:
     def __init__(self, *linears: nn.Linear, max_elements: int = MAX_FUSED_ELEMENTS) -> None:
         if not linears or len({lin.in_features for lin in linears}) != 1:
             raise ValueError("FusedLinears needs linear layers of one input width")
-        self._linears = linears
         self.linears = linears
         self._widths = [lin.out_features for lin in linears]
         self._fits = sum(self._widths) * linears[0].in_features <= max_elements
@@ -55,14 +53,14 @@ class FusedLinears:
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each layer's output for ``x`` [..., in_features], in the layers' order."""
         if torch.is_grad_enabled() or not self._fits:
-            return tuple(lin(x) for lin in self._linears)
+            return tuple(lin(x) for lin in self.linears)
         return tuple(self.joint(x).split(self._widths, dim=-1))
 
     def joint(self, x: torch.Tensor) -> torch.Tensor:
         """The layers' outputs for ``x`` side by side, ``[..., sum out]`` (one product where it fits)."""
         packed = None if torch.is_grad_enabled() else self.pack()
         if packed is None:
-            return torch.cat([lin(x) for lin in self._linears], dim=-1)
+            return torch.cat([lin(x) for lin in self.linears], dim=-1)
         return F.linear(x, *packed)  # [..., sum out]
 
     def pack(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -70,8 +68,8 @@ class FusedLinears:
         changed; None when the concatenation would exceed ``max_elements``."""
         if not self._fits:
             return None
-        linears = self._linears
-        key = tuple(s for lin in linears for s in (*weight_state(lin.weight), *weight_state(lin.bias)))
+        linears = self.linears
+        key = tuple(s for lin in linears for s in (*_state(lin.weight), *_state(lin.bias)))
         if key != self._key:
             with torch.no_grad():
                 self._weight = torch.cat([lin.weight for lin in linears])  # [sum out, in]
