@@ -227,7 +227,7 @@ class BastionController(BudgetController):
             self.gate.observe_probe_cost((outcome.verify_s + outcome.overhead_s) / self.plain_step_s - (outcome.accepted + 1))
         if self.calibrator is None:
             return
-        scores = outcome.log_scores.detach().cpu().tolist()  # [n], root first
+        scores = outcome.log_scores.tolist()  # [n], root first
         accepted = [False] * len(scores)  # [n]
         for node in outcome.accepted_nodes.tolist():
             accepted[node] = True

@@ -147,7 +147,7 @@ class RooflineLatency(LatencyModel):
         # plain floats: a step's own observation is scalar arithmetic, sizes arrays broadcast against them
         self._coef_c = tuple(float(x) / self.peaks.flops_per_s for x in cost.flops_coeffs)  # seconds per (n, n*m)
         self._coef_m = tuple(float(x) / self.peaks.bytes_per_s for x in cost.bytes_coeffs)  # seconds per (1, n, m, n*m)
-        self._lines_cache: tuple[tuple[Any, ...], tuple[np.ndarray, ...]] | None = None
+        self._lines_cache: tuple[tuple[Any, ...], tuple[list[float], ...]] | None = None
 
         self._x_c = np.zeros(self._window)
         self._x_m = np.zeros(self._window)
@@ -200,16 +200,16 @@ class RooflineLatency(LatencyModel):
         p_m = (p.a_m * (g0 + g_n * n + n * slope_m) + p.b_m) * scale
         return p_c, q_c, p_m, q_m
 
-    def _cached_lines(self, n_tokens: torch.Tensor, context_len: int) -> tuple[np.ndarray, ...]:
-        """:meth:`_lines` for a sizes tensor, remembered while the same sizes, parameters, residual table
-        and context bin come back: a controller asks for its same candidate sizes every step, and the
-        per-step prediction is then two multiply-adds and a maximum."""
-        sizes = tuple(n_tokens.detach().cpu().tolist())
+    def _cached_lines(self, n_tokens: torch.Tensor, context_len: int) -> tuple[list[float], ...]:
+        """:meth:`_lines` for a sizes tensor as host float lists, remembered while the same sizes,
+        parameters, residual table and context bin come back: a controller asks for its same candidate
+        sizes every step, and the per-step prediction is then two multiply-adds and a maximum per size."""
+        sizes = tuple(n_tokens.tolist())  # host ints from any device, with or without autograd
         key = (sizes, self.params, self.residual, self.residual.version, self.use_residual, self.residual.context_bin(context_len))
         cached = self._lines_cache
         if cached is not None and cached[0] == key:
             return cached[1]
-        lines = self._lines(np.array(sizes, dtype=np.float64), context_len)
+        lines = tuple(x.tolist() for x in self._lines(np.array(sizes, dtype=np.float64), context_len))
         self._lines_cache = (key, lines)
         return lines
 
@@ -250,8 +250,11 @@ class RooflineLatency(LatencyModel):
     def predict_many(self, n_tokens: torch.Tensor, context_len: int) -> torch.Tensor:
         """``n_tokens`` LongTensor[N] -> FloatTensor[N] (float64, CPU) seconds."""
         self._require_bound()
-        p_c, q_c, p_m, q_m = self._cached_lines(n_tokens, context_len)
-        return torch.from_numpy(np.maximum(p_c + context_len * q_c, p_m + context_len * q_m))
+        c = float(context_len)
+        lines = zip(*self._cached_lines(n_tokens, context_len))
+        # the larger branch (a NaN in either propagates, as np.maximum would); floats, not NumPy: see _cached_lines
+        seconds = [x if x > y or x != x else y for x, y in ((pc + c * qc, pm + c * qm) for pc, qc, pm, qm in lines)]
+        return torch.tensor(seconds, dtype=torch.float64)
 
     # ------------------------------------------------------------------ online calibration
     @property
