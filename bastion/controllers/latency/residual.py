@@ -102,7 +102,8 @@ class ResidualTable:
         return self._table[_n_bin(n), _c_bin(c)]
 
     def context_bin(self, c: int) -> int:
-        """The context bin of one context length (the cells' column index)."""
+        """The context bin of one context length (the cells' column index): :func:`_c_bin` for one int,
+        in scalar arithmetic (a step asks for it every time, where a NumPy call costs more)."""
         return min(int(math.floor(math.log2(c + 1.0) + 1e-9)), _C_BINS - 1)
 
     def factor(self, n: np.ndarray, c: np.ndarray | int) -> np.ndarray:

@@ -188,16 +188,14 @@ class RooflineLatency(LatencyModel):
         ``T(n, c) = max(p_c + c * q_c, p_m + c * q_m)`` (each [N]), exact within ``context_len``'s
         context bin. Ideal compute and memory times are affine in ``c`` for a fixed ``n``, and the
         residual factor (> 0, constant within a context bin) scales both branches of the max."""
-        f_n, f_nm = self._coef_c
-        g0, g_n, g_m, g_nm = self._coef_m
+        _, f_nm = self._coef_c
+        _, _, g_m, g_nm = self._coef_m
         p = self.params
         scale = self.residual.factor(n, context_len) if self.use_residual else 1.0
-        # x_c = n f_n + n f_nm (c + n);  x_m = g0 + g_n n + (c + n)(g_m + g_nm n)
-        q_c = p.a_c * f_nm * n * scale
-        p_c = (p.a_c * n * (f_n + f_nm * n) + p.b_c) * scale
-        slope_m = g_m + g_nm * n
-        q_m = p.a_m * slope_m * scale
-        p_m = (p.a_m * (g0 + g_n * n + n * slope_m) + p.b_m) * scale
+        x_c0, x_m0 = self.ideal_times(n, 0)  # [N] each, the ideal times at c = 0
+        # their slopes in c (see ideal_times): x_c grows by n f_nm per context token, x_m by g_m + g_nm n
+        p_c, q_c = (p.a_c * x_c0 + p.b_c) * scale, p.a_c * f_nm * n * scale
+        p_m, q_m = (p.a_m * x_m0 + p.b_m) * scale, p.a_m * (g_m + g_nm * n) * scale
         return p_c, q_c, p_m, q_m
 
     def _cached_lines(self, n_tokens: torch.Tensor, context_len: int) -> tuple[list[float], ...]:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bastion.drafters.dflash.fused import tensor_version
 from bastion.drafters.dflash.ops import grouped_attention, rms_norm
 
 if TYPE_CHECKING:
@@ -36,13 +37,6 @@ if TYPE_CHECKING:
     from bastion.drafters.dflash.model import DFlashDraftModel
 
 __all__ = ["DecodePlan", "decode_layers"]
-
-
-def _version(t: torch.Tensor) -> int:
-    try:
-        return t._version
-    except RuntimeError:  # an inference tensor keeps no version counter; its storage identifies it
-        return -1
 
 
 class _Product(NamedTuple):
@@ -91,7 +85,7 @@ class DecodePlan:
     def __init__(self, model: "DFlashDraftModel") -> None:
         self._sources = [(m._parameters, name) for m in model.modules() for name, p in m._parameters.items() if p is not None]
         self._tensors = [params[name] for params, name in self._sources]
-        self._state = [(t.data_ptr(), _version(t)) for t in self._tensors]
+        self._state = [(t.data_ptr(), tensor_version(t)) for t in self._tensors]
         self.layers = tuple(_gather(layer) for layer in model.layers)
         self.final_norm, self.final_eps = model.norm.weight, model.norm.eps
         self._fc_weight, self._fc_bias = model.fc.weight, model.fc.bias
@@ -105,7 +99,7 @@ class DecodePlan:
     def matches(self) -> bool:
         """Whether every weight is still the one gathered, with the same storage and version."""
         for (params, name), t, (ptr, version) in zip(self._sources, self._tensors, self._state):
-            if params.get(name) is not t or t.data_ptr() != ptr or _version(t) != version:
+            if params.get(name) is not t or t.data_ptr() != ptr or tensor_version(t) != version:
                 return False
         return True
 

@@ -21,7 +21,6 @@ from bastion.core.types import DraftContext, DraftStep, Marginals
 from bastion.drafters.dflash.checkpoint import is_dflash_checkpoint
 from bastion.drafters.dflash.batch import DFlashDraftBatch
 from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
-from bastion.drafters.dtypes import as_dtype as _as_dtype
 
 if TYPE_CHECKING:
     from bastion.core.target import Target

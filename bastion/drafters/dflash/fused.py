@@ -21,20 +21,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["FusedLinears"]
+__all__ = ["FusedLinears", "tensor_version"]
 
 #: the largest concatenated weight kept (elements): 4M is 8 MB in bfloat16
 MAX_FUSED_ELEMENTS = 4 * 1024 * 1024
 
 
+def tensor_version(t: torch.Tensor) -> int:
+    """``t``'s in-place version counter; -1 for an inference tensor, which keeps none (its storage
+    identifies it)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
 def _state(t: torch.Tensor | None) -> tuple[object, ...]:
     if t is None:
         return ()
-    try:
-        version = t._version
-    except RuntimeError:  # an inference tensor keeps no version counter; its storage identifies it
-        version = -1
-    return (id(t), t.data_ptr(), version, t.dtype, t.device)
+    return (id(t), t.data_ptr(), tensor_version(t), t.dtype, t.device)
 
 
 class FusedLinears:
