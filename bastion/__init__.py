@@ -3,7 +3,8 @@
 from bastion import hf
 from bastion.core.pipeline import Pipeline
 from bastion.core.registry import registry
+from bastion.engine import Engine, GenerationConfig, SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["Pipeline", "hf", "registry", "__version__"]
+__all__ = ["Engine", "GenerationConfig", "Pipeline", "SamplingParams", "hf", "registry", "__version__"]

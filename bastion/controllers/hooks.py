@@ -31,3 +31,9 @@ def bastion_register_components(register: Register) -> None:
         "bastion.controllers.budget:FixedController",
         description="always verify `budget` nodes",
     )
+    register(
+        "budget_controller",
+        "plain",
+        "bastion.controllers.plain:PlainController",
+        description="never draft: plain decoding by the target alone (speculation off, same engine)",
+    )

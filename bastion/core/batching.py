@@ -73,6 +73,13 @@ class TargetBatch(abc.ABC):
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (indices into the current batch, in that order); the others leave."""
 
+    def extend(self, other: "TargetBatch") -> None:
+        """Append the rows of ``other`` (a batch opened on the same target, e.g. requests that join a
+        running batch, prefilled on their own) after this batch's rows; ``other`` is spent. The engine
+        calls it between steps, with no tree block pending. Targets whose batches cannot merge keep
+        this default, and requests then wait until the running batch has drained."""
+        raise NotImplementedError(f"{type(self).__name__} cannot take in rows of another batch")
+
     @property
     def batch_size(self) -> int:
         return len(self.context_lens)
@@ -109,6 +116,12 @@ class DraftBatch(abc.ABC):
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (indices into the current batch, in that order)."""
 
+    def extend(self, other: "DraftBatch") -> None:
+        """Append the rows of ``other`` (opened by the same drafter for requests that join a running
+        batch) after this batch's rows; ``other`` is spent. Drafters whose batches cannot merge keep
+        this default, and requests then wait until the running batch has drained."""
+        raise NotImplementedError(f"{type(self).__name__} cannot take in rows of another batch")
+
     def commit_next(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
         """A plain step committed one token per row: ``tokens`` [B] and their features [B, F] (or None).
         The default calls :meth:`commit` with one-entry slices per row; override it to keep a plain
@@ -118,12 +131,13 @@ class DraftBatch(abc.ABC):
 
 
 class LoopDraftBatch(DraftBatch):
-    """The correct default: one forked single-sequence drafter per row, called row by row."""
+    """The correct default: one forked single-sequence drafter per row, called row by row. Every row is
+    a fork, so the drafter's own state stays free for a single-sequence generation running beside it."""
 
     def __init__(self, drafter: "Drafter", contexts: Sequence[DraftContext]) -> None:
         self.rows: list["Drafter"] = []
-        for i, context in enumerate(contexts):
-            row = drafter if i == 0 else drafter.fork()
+        for context in contexts:
+            row = drafter.fork()
             row.begin(context)
             self.rows.append(row)
 
@@ -136,3 +150,9 @@ class LoopDraftBatch(DraftBatch):
 
     def keep(self, rows: Sequence[int]) -> None:
         self.rows = [self.rows[i] for i in rows]
+
+    def extend(self, other: DraftBatch) -> None:
+        if not isinstance(other, LoopDraftBatch):
+            raise NotImplementedError(f"LoopDraftBatch cannot take in rows of a {type(other).__name__}")
+        self.rows.extend(other.rows)
+        other.rows = []

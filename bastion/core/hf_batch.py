@@ -18,7 +18,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from bastion.core.batching import BatchPrefill, BatchTargetOutput, TargetBatch
 from bastion.core.errors import InvalidInputError
-from bastion.core.kv_slab import slab_cache
+from bastion.core.kv_slab import SlabLayer, slab_cache
 from bastion.core.tree import Tree
 
 if TYPE_CHECKING:
@@ -36,6 +36,14 @@ def padded_ancestors(trees: Sequence[Tree], width: int, device: torch.device) ->
         if n > 1:
             out[i, :n, :n] = tree.ancestor_mask().to(device)
     return out
+
+
+def _pad_slots(buf: torch.Tensor, slots: int) -> torch.Tensor:
+    """``buf`` [B, H_kv, S, D] zero-padded to ``slots`` along the slot axis (masked slots stay finite)."""
+    extra = slots - buf.shape[2]
+    if extra <= 0:
+        return buf[:, :, :slots]
+    return torch.cat([buf, buf.new_zeros(buf.shape[0], buf.shape[1], extra, buf.shape[3])], dim=2)
 
 
 class HFTargetBatch(TargetBatch):
@@ -211,6 +219,29 @@ class HFTargetBatch(TargetBatch):
             layer.batch_select_indices(idx.to(layer.keys.device))
         self._ctx = [self._ctx[r] for r in rows]
         self._fit(self._slots)
+
+    @torch.inference_mode()
+    def extend(self, other: TargetBatch) -> None:
+        """Append the rows of ``other`` (a batch of the same target, e.g. newcomers prefilled on their
+        own) after this batch's rows; ``other`` is spent. Both caches are padded to the longer one's
+        slots and stacked along the batch dimension: one copy of each layer, once per join."""
+        if not isinstance(other, HFTargetBatch) or other.target is not self.target:
+            raise InvalidInputError("extend() takes a batch opened on the same target")
+        if other._cache is None or self._cache is None:
+            raise InvalidInputError("extend() needs two prefilled batches")
+        self._drop_pending()
+        other._drop_pending()
+        s = max(self._slots, other._slots)
+        for mine, theirs in zip(self._cache.layers, other._cache.layers, strict=True):
+            keys = torch.cat([_pad_slots(mine.keys, s), _pad_slots(theirs.keys, s).to(mine.keys.device)])  # [B+B', H, S, D]
+            values = torch.cat([_pad_slots(mine.values, s), _pad_slots(theirs.values, s).to(mine.values.device)])
+            if isinstance(mine, SlabLayer):
+                mine.adopt(keys, values)
+            else:
+                mine.keys, mine.values = keys, values
+        self._ctx = self._ctx + other._ctx
+        self._slots = s
+        other._cache, other._ctx = None, []
 
     # ------------------------------------------------------------------ internals
     def _fit(self, length: int) -> None:

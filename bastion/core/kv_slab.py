@@ -86,6 +86,21 @@ class SlabLayer(DynamicLayer):
         self.keys = self._slab_k[..., : self._length, :]
         self.values = self._slab_v[..., : self._length, :]
 
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold ``keys`` / ``values`` [B, H_kv, S, D] as the filled part (copied into fresh storage with
+        spare capacity): how a batch takes in rows prefilled elsewhere."""
+        b, h, length, d = keys.shape
+        cap = length + _INITIAL_SPARE
+        self._slab_k = keys.new_empty((b, h, cap, d))
+        self._slab_v = values.new_empty((b, h, cap, values.shape[-1]))
+        self._slab_k[..., :length, :] = keys
+        self._slab_v[..., :length, :] = values
+        self._length = length
+        self.device = keys.device
+        self.is_initialized = True
+        self.keys = self._slab_k[..., :length, :]
+        self.values = self._slab_v[..., :length, :]
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self._slab_k is None:
             return

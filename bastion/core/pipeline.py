@@ -7,6 +7,7 @@ components come from the registry by name or are handed in as instances.
 from __future__ import annotations
 
 import numbers
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
@@ -36,6 +37,7 @@ from bastion.core.sync import device_sync, to_device
 from bastion.core.target import Target
 from bastion.core.text import TextTracker, check_stop_strings
 from bastion.core.tree import HostTree, Tree
+from bastion.engine import Engine, GenerationConfig, SamplingParams, generation_config
 from bastion.core.types import (
     DraftContext,
     DraftStep,
@@ -49,7 +51,7 @@ from bastion.core.types import (
     Verdict,
 )
 
-__all__ = ["Pipeline", "Prompt", "TextStream", "as_target", "prompt_rows", "resolve_drafter"]
+__all__ = ["BatchTextStream", "GenerationConfig", "Pipeline", "Prompt", "SamplingParams", "TextStream", "as_target", "prompt_rows", "resolve_drafter"]
 
 #: what generate / stream / chat take as a prompt: token ids ([1, L] or [L] tensor, list of ints), a
 #: mapping / ``BatchEncoding`` with ``input_ids`` (and ``attention_mask``), text, or chat messages
@@ -148,6 +150,11 @@ class Pipeline:
         self._other_s = 0.0  # running non-draft, non-verify seconds of a speculative step (0: none yet)
         self._seconds_per_token = 0.0  # running seconds per committed token of a speculative step (0: none yet)
         self._lent_buckets = False  # compile_verify gave the controller the compiled path's buckets
+        #: held by the one generation decoding on the target's and drafter's own single-sequence state;
+        #: a generation that finds it taken decodes on an engine batch of its own instead
+        self._solo = threading.Lock()
+        #: one step at a time on the models (generations from several threads interleave their steps)
+        self._step_lock = threading.RLock()
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -300,16 +307,24 @@ class Pipeline:
         stop_on_eos: bool = True,
         stop: str | Sequence[str] | None = None,
         on_step: Callable[[StepRecord], Any] | None = None,
+        config: GenerationConfig | None = None,
     ) -> GenerationResult:
         """Decode up to ``max_new_tokens`` new tokens after the prompt; lossless w.r.t. the target's own
         greedy decoding (temperature 0) or sampling distribution (temperature > 0).
 
+        ``config``: a :class:`~bastion.GenerationConfig` with every setting at once (keyword arguments
+        given beside it, other than their defaults, override its fields).
+
         ``input_ids``: LongTensor [1, L] (or [L], a list of ids, a mapping / ``BatchEncoding`` with
         ``input_ids`` and optionally ``attention_mask``, plain text, or chat messages). ``stop``: stop
         strings (the generation ends where the first appears; needs a tokenizer). ``on_step`` is called
-        with each step's :class:`StepRecord` as it commits."""
-        run = self._session(*self._prepare(input_ids, max_new_tokens, temperature, seed, top_p, top_k, stop, on_step),
-                            stop_on_eos, on_step, emit_text=False)
+        with each step's :class:`StepRecord` as it commits.
+
+        Each call has its own state: generations running at once on one pipeline (live streams, threads)
+        each give their solo output; one decodes on the target's own state, the others on engine
+        batches of their own, and their steps take turns on the models."""
+        ids, cfg = self._prepare(input_ids, config, max_new_tokens, temperature, seed, top_p, top_k, stop, stop_on_eos, on_step)
+        run = self._session(ids, cfg, on_step, emit_text=False)
         while True:
             try:
                 next(run)
@@ -328,6 +343,7 @@ class Pipeline:
         stop_on_eos: bool = True,
         stop: str | Sequence[str] | None = None,
         on_step: Callable[[StepRecord], Any] | None = None,
+        config: GenerationConfig | None = None,
     ) -> "TextStream":
         """Like :meth:`generate`, but yield the text as each step commits (a burst of tokens per step).
 
@@ -338,8 +354,8 @@ class Pipeline:
         first ``next()``."""
         if self.tokenizer is None:
             raise InvalidInputError("stream() yields text and needs a tokenizer; this pipeline has none")
-        prepared = self._prepare(prompt, max_new_tokens, temperature, seed, top_p, top_k, stop, on_step)
-        return TextStream(self._session(*prepared, stop_on_eos, on_step, emit_text=True))
+        ids, cfg = self._prepare(prompt, config, max_new_tokens, temperature, seed, top_p, top_k, stop, stop_on_eos, on_step)
+        return TextStream(self._session(ids, cfg, on_step, emit_text=True))
 
     def chat(
         self,
@@ -364,77 +380,157 @@ class Pipeline:
         top_p: float = 1.0,
         top_k: int = 0,
         stop_on_eos: bool = True,
+        config: GenerationConfig | None = None,
     ) -> Generator[tuple[list[int], StepRecord | None], int | None, GenerationResult]:
         """The decode loop as a generator, for integrations that decide themselves when to stop.
 
         Yields ``(tokens, record)`` per commit: the new tokens and the step's :class:`StepRecord` (None
         for the first token, sampled from the prefill). ``send(k)`` keeps only the first ``k`` of the
         tokens just yielded and ends the generation; the generator's return value (``StopIteration.value``)
-        is the :class:`GenerationResult`."""
-        ids, max_new, sampling, _, seed = self._prepare(prompt, max_new_tokens, temperature, seed, top_p, top_k, None, None)
-        return self._decode(ids, max_new, sampling, seed, stop_on_eos)
+        is the :class:`GenerationResult`. It decodes on the target's own state: while another generation
+        holds it, this raises :class:`InvalidInputError` (use :meth:`generate` or :meth:`stream`, which
+        decode beside each other)."""
+        ids, cfg = self._prepare(prompt, config, max_new_tokens, temperature, seed, top_p, top_k, None, stop_on_eos, None)
+        if cfg.stop:
+            raise InvalidInputError("decode_steps() takes no stop strings: the caller decides where to stop (send(k))")
+        if not self._solo.acquire(blocking=False):
+            raise InvalidInputError(
+                "decode_steps() needs the pipeline's own decoding state, which another live generation holds; "
+                "finish it first, or use generate() / stream(), which decode beside each other"
+            )
+        return self._locked(self._solo_steps(ids, cfg))
+
+    def _solo_steps(self, ids: torch.Tensor, cfg: GenerationConfig) -> Generator[Any, Any, GenerationResult]:
+        """The single-sequence loop on the target's own state, which the caller claimed (released here)."""
+        try:
+            sp = cfg.sampling
+            return (yield from self._decode(ids, cfg.max_new_tokens, sp.rule, sp.seed, cfg.stop_on_eos))
+        finally:
+            self._solo.release()
+
+    def _locked(self, gen: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
+        """``gen`` with each of its steps (every ``send``) taken under the pipeline's step lock."""
+        value: Any = None
+        try:
+            while True:
+                with self._step_lock:
+                    item = gen.send(value)
+                value = yield item
+        except StopIteration as done:
+            return done.value
+        finally:
+            gen.close()
 
     def _prepare(
         self,
         prompt: Prompt,
+        config: GenerationConfig | None,
         max_new_tokens: int,
         temperature: float,
         seed: int | None,
         top_p: float,
         top_k: int,
         stop: str | Sequence[str] | None,
+        stop_on_eos: bool,
         on_step: Callable[[StepRecord], Any] | None,
-    ) -> tuple[torch.Tensor, int, SamplingConfig, tuple[str, ...], int | None]:
-        """Check a generation's arguments -> (ids [1, L], max_new_tokens, sampling, stop strings, seed)."""
+    ) -> tuple[torch.Tensor, GenerationConfig]:
+        """Check a generation's arguments -> (ids [1, L], its one :class:`GenerationConfig`)."""
         ids = self._prompt_ids(prompt)
-        max_new_tokens = check_int("max_new_tokens", max_new_tokens)
-        sampling = self._check_request(max_new_tokens, temperature, top_p, top_k)
-        stops = check_stop_strings(stop)
-        if stops and self.tokenizer is None:
-            raise InvalidInputError("stop strings need a tokenizer; this pipeline has none")
+        cfg = self.generation_config(
+            config, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p, top_k=top_k,
+            stop=stop, stop_on_eos=stop_on_eos,
+        )
         if on_step is not None and not callable(on_step):
             raise InvalidInputError(f"on_step must be callable, got {type(on_step).__name__}")
-        return ids, max_new_tokens, sampling, stops, None if seed is None else check_seed(seed)
+        return ids, cfg
+
+    def generation_config(self, config: GenerationConfig | None = None, **kwargs: Any) -> GenerationConfig:
+        """The checked :class:`GenerationConfig` of a call (``config`` and/or keyword arguments), also
+        checked against this pipeline (a sampling verifier for T > 0, a tokenizer for stop strings)."""
+        if "max_new_tokens" in kwargs:
+            kwargs["max_new_tokens"] = check_int("max_new_tokens", kwargs["max_new_tokens"])
+        cfg = generation_config(config, **kwargs)
+        if not cfg.sampling.greedy and not self.verifier.supports_sampling:
+            raise InvalidInputError(f"verifier {type(self.verifier).__name__} supports greedy decoding only")
+        if cfg.stop and self.tokenizer is None:
+            raise InvalidInputError("stop strings need a tokenizer; this pipeline has none")
+        return cfg
 
     def _session(
         self,
         ids: torch.Tensor,  # [1, L]
-        max_new_tokens: int,
-        sampling: SamplingConfig,
-        stops: tuple[str, ...],
-        seed: int | None,
-        stop_on_eos: bool,
+        cfg: GenerationConfig,
         on_step: Callable[[StepRecord], Any] | None,
         *,
         emit_text: bool,
     ) -> Generator[str, None, GenerationResult]:
-        """One generation as a generator of text chunks (only when ``emit_text``) returning the result."""
-        tracker = TextTracker(self.tokenizer, stops) if (emit_text or stops) else None
-        steps = self._decode(ids, max_new_tokens, sampling, seed, stop_on_eos)
-        keep: int | None = None
+        """One generation as a generator of text chunks (only when ``emit_text``) returning the result:
+        on the target's own state when no other generation holds it, else on an engine batch of its own."""
+        if self._solo.acquire(blocking=False):
+            return self._locked(self._solo_session(ids, cfg, on_step, emit_text=emit_text))
+        if self.target.open_batch.__func__ is Target.open_batch:  # type: ignore[attr-defined]
+            raise InvalidInputError(
+                f"another generation is decoding on this pipeline, and its target {type(self.target).__name__} has "
+                "no batched state to decode a second one beside it; finish the first (or use generate_batch)"
+            )
+        return self._locked(self._engine_session(ids, cfg, on_step, emit_text=emit_text))
+
+    def _engine_session(
+        self, ids: torch.Tensor, cfg: GenerationConfig, on_step: Callable[[StepRecord], Any] | None, *, emit_text: bool
+    ) -> Generator[str, None, GenerationResult]:
+        """One generation as a batch of one in an engine of its own (its own caches and state)."""
+        engine = Engine(self)
+        request = engine.add(ids, cfg, text=emit_text, on_step=on_step)
+        return self._engine_steps(engine, request)
+
+    def _engine_steps(self, engine: Engine, request: Any) -> Generator[str, None, GenerationResult]:
+        while request.result is None:
+            for update in engine.step():
+                if update.error is not None:
+                    raise update.error
+                if update.text:
+                    yield update.text
+        return self._with_text(request.result)
+
+    def _with_text(self, result: GenerationResult) -> GenerationResult:
+        if result.text is None and self.tokenizer is not None:
+            return attrs.evolve(result, text=self.decode(result.tokens))
+        return result
+
+    def _solo_session(
+        self, ids: torch.Tensor, cfg: GenerationConfig, on_step: Callable[[StepRecord], Any] | None, *, emit_text: bool
+    ) -> Generator[str, None, GenerationResult]:
+        """The single-sequence loop on the target's own state, which the caller claimed (released here)."""
         try:
-            while True:
-                tokens, record = steps.send(keep)
-                keep = None
-                if tracker is not None:
-                    before = len(tracker.tokens)
-                    chunk = tracker.push(tokens)
-                    if tracker.stopped:  # keep the tokens up to the one completing the stop string
-                        keep = int(tracker.stop_tokens or 0) - before
-                    if emit_text and chunk:
-                        yield chunk
-                if on_step is not None and record is not None:
-                    on_step(record)
-        except StopIteration as done:
-            result: GenerationResult = done.value
-        if tracker is not None:
-            tail = tracker.finish()
-            if emit_text and tail:
-                yield tail
-            text = tracker.text
-        else:
-            text = None if self.tokenizer is None else self.decode(result.tokens)
-        return attrs.evolve(result, text=text)
+            tracker = TextTracker(self.tokenizer, cfg.stop) if (emit_text or cfg.stop) else None
+            sp = cfg.sampling
+            steps = self._decode(ids, cfg.max_new_tokens, sp.rule, sp.seed, cfg.stop_on_eos)
+            keep: int | None = None
+            try:
+                while True:
+                    tokens, record = steps.send(keep)
+                    keep = None
+                    if tracker is not None:
+                        before = len(tracker.tokens)
+                        chunk = tracker.push(tokens)
+                        if tracker.stopped:  # keep the tokens up to the one completing the stop string
+                            keep = int(tracker.stop_tokens or 0) - before
+                        if emit_text and chunk:
+                            yield chunk
+                    if on_step is not None and record is not None:
+                        on_step(record)
+            except StopIteration as done:
+                result: GenerationResult = done.value
+            if tracker is not None:
+                tail = tracker.finish()
+                if emit_text and tail:
+                    yield tail
+                text = tracker.text
+            else:
+                text = None if self.tokenizer is None else self.decode(result.tokens)
+            return attrs.evolve(result, text=text)
+        finally:
+            self._solo.release()
 
     def _decode(
         self,
@@ -519,47 +615,135 @@ class Pipeline:
         top_p: float = 1.0,
         top_k: int = 0,
         stop_on_eos: bool = True,
+        stop: str | Sequence[str] | None = None,
+        on_step: Callable[[int, StepRecord], Any] | None = None,
+        config: GenerationConfig | None = None,
     ) -> list[GenerationResult]:
-        """Decode every prompt of ``prompts`` (token-id sequences of any lengths: lists, 1-D tensors or
-        [1, L] tensors) -> one :class:`GenerationResult` per prompt, in order. Each row's output is what
+        """Decode every prompt of ``prompts`` (token-id sequences of any lengths: lists, 1-D or [1, L]
+        tensors, a padded [B, L] tensor or mapping with an ``attention_mask``, texts, chat message lists)
+        -> one :class:`GenerationResult` per prompt, in order. Each row's output is what
         :meth:`generate` gives for that prompt alone (greedy), and every row samples the target's
         distribution at T > 0 (row i seeded with ``seed + i``).
 
-        All rows decode together (:mod:`bastion.core.batch`): one target forward and one drafter call
-        per step, one tree width for the whole batch chosen by the budget controller; finished rows
-        leave the batch. One prompt decodes through :meth:`generate` (the same tokens; a batch of one
-        costs what one sequence costs). A target without batched state decodes the rows one after another."""
+        All rows decode together in one :class:`~bastion.engine.Engine`: one target forward and one
+        drafter call per step, one tree width for the whole batch chosen by the budget controller;
+        finished rows leave. ``stop`` strings end a row where they first appear; ``on_step(i, record)``
+        is called with row i's :class:`StepRecord` as each step commits (:meth:`stream_batch` yields
+        the rows' text). One prompt decodes through :meth:`generate` (a batch of one costs what one
+        sequence costs); a target without batched state decodes the rows one after another."""
+        rows, cfg = self._prepare_batch(prompts, config, max_new_tokens, temperature, seed, top_p, top_k, stop, stop_on_eos, on_step)
+        if len(rows) == 1 or self.target.open_batch.__func__ is Target.open_batch:  # type: ignore[attr-defined]
+            return [
+                self.generate(ids, config=self._row_config(cfg, i), on_step=None if on_step is None else _row_callback(on_step, i))
+                for i, ids in enumerate(rows)
+            ]
+        engine, requests = self._batch_engine(rows, cfg, on_step, text=False)
+        with self._step_lock:
+            engine.run()
+        return [self._row_result(r) for r in requests]
+
+    def stream_batch(
+        self,
+        prompts: Any,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        *,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_on_eos: bool = True,
+        stop: str | Sequence[str] | None = None,
+        on_step: Callable[[int, StepRecord], Any] | None = None,
+        config: GenerationConfig | None = None,
+    ) -> "BatchTextStream":
+        """Like :meth:`generate_batch`, but yield ``(i, text)`` as each step commits row i's text (a
+        row's chunks join to its result's ``text``); the stream's ``results`` hold the rows'
+        :class:`GenerationResult` once it is exhausted. Needs a tokenizer; prompt errors raise here."""
+        if self.tokenizer is None:
+            raise InvalidInputError("stream_batch() yields text and needs a tokenizer; this pipeline has none")
+        rows, cfg = self._prepare_batch(prompts, config, max_new_tokens, temperature, seed, top_p, top_k, stop, stop_on_eos, on_step)
+        if self.target.open_batch.__func__ is Target.open_batch:  # type: ignore[attr-defined]
+            raise InvalidInputError(f"stream_batch() needs a target with batched state; {type(self.target).__name__} has none")
+        engine, requests = self._batch_engine(rows, cfg, on_step, text=True)
+        return BatchTextStream(self._locked(self._batch_chunks(engine, requests)))
+
+    def _batch_chunks(self, engine: Engine, requests: list[Any]) -> Generator[tuple[int, str], None, list[GenerationResult]]:
+        index = {id(r): i for i, r in enumerate(requests)}
+        while not engine.idle:
+            for update in engine.step():
+                if update.error is not None:
+                    raise update.error
+                if update.text:
+                    yield index[id(update.request)], update.text
+        return [self._row_result(r) for r in requests]
+
+    def _prepare_batch(
+        self,
+        prompts: Any,
+        config: GenerationConfig | None,
+        max_new_tokens: int,
+        temperature: float,
+        seed: int | None,
+        top_p: float,
+        top_k: int,
+        stop: str | Sequence[str] | None,
+        stop_on_eos: bool,
+        on_step: Callable[[int, StepRecord], Any] | None,
+    ) -> tuple[list[torch.Tensor], GenerationConfig]:
+        """Check a batch's prompts and settings -> (rows, each [1, L_i], the shared config)."""
+        if isinstance(prompts, str):
+            raise InvalidInputError("generate_batch() takes a list of prompts; for one text prompt use generate()")
         prompts = prompt_rows(prompts)
+        if _is_messages(prompts):
+            raise InvalidInputError("generate_batch() takes a list of prompts; wrap one chat conversation in a list")
         if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise InvalidInputError("prompts must be a non-empty list of token-id sequences")
-        rows = []
+            raise InvalidInputError("prompts must be a non-empty list of token-id sequences, texts or chat message lists")
         devices = {p.device for p in prompts if isinstance(p, torch.Tensor)}
         if len(devices) > 1:
             first = next(p.device for p in prompts if isinstance(p, torch.Tensor))
             bad = next(i for i, p in enumerate(prompts) if isinstance(p, torch.Tensor) and p.device != first)
             raise InvalidInputError(f"prompt {bad}: on {prompts[bad].device}, but earlier prompts are on {first}; put all prompts on one device")
+        rows = []
         for i, prompt in enumerate(prompts):
-            if isinstance(prompt, torch.Tensor) and prompt.dim() == 1:
-                prompt = prompt[None]
             try:
-                rows.append(self._check_prompt(prompt))
+                rows.append(self._row_ids(prompt))
             except InvalidInputError as exc:
                 raise InvalidInputError(f"prompt {i}: {exc}") from None
-        sampling = self._check_request(max_new_tokens, temperature, top_p, top_k)
-        seed = None if seed is None else check_seed(seed)
-        seeds = [None if seed is None else seed + i for i in range(len(rows))]
-        from bastion.core.batch import decode_batch  # the batched loop builds on this module
+        cfg = self.generation_config(
+            config, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, top_p=top_p, top_k=top_k,
+            stop=stop, stop_on_eos=stop_on_eos,
+        )
+        if on_step is not None and not callable(on_step):
+            raise InvalidInputError(f"on_step must be callable, got {type(on_step).__name__}")
+        return rows, cfg
 
-        batched = None if len(rows) == 1 else decode_batch(self, rows, max_new_tokens, sampling, seeds, stop_on_eos)
-        if batched is not None:
-            return batched
-        results = []  # one prompt (the single-sequence loop), or a target without batched state: row by row
-        for i, ids in enumerate(rows):
-            row_seed = None if seed is None else int(seed) + i
-            results.append(
-                self.generate(ids, max_new_tokens, temperature, row_seed, top_p=top_p, top_k=top_k, stop_on_eos=stop_on_eos)
-            )
-        return results
+    def _row_ids(self, prompt: Any) -> torch.Tensor:
+        if isinstance(prompt, str) or _is_messages(prompt):
+            return self._prompt_ids(prompt)
+        if isinstance(prompt, torch.Tensor) and prompt.dim() == 1:
+            prompt = prompt[None]
+        return self._check_prompt(prompt)
+
+    @staticmethod
+    def _row_config(cfg: GenerationConfig, i: int) -> GenerationConfig:
+        """Row i's settings: the batch's, seeded with ``seed + i`` when seeded."""
+        seed = cfg.sampling.seed
+        return cfg if seed is None or i == 0 else attrs.evolve(cfg, sampling=cfg.sampling.with_seed(seed + i))
+
+    def _batch_engine(
+        self, rows: list[torch.Tensor], cfg: GenerationConfig, on_step: Callable[[int, StepRecord], Any] | None, *, text: bool
+    ) -> tuple[Engine, list[Any]]:
+        engine = Engine(self, prefill_tokens=max(int(r.shape[1]) for r in rows) * len(rows))  # every row in one prefill
+        requests = [
+            engine.add(ids, self._row_config(cfg, i), text=text, on_step=None if on_step is None else _row_callback(on_step, i))
+            for i, ids in enumerate(rows)
+        ]
+        return engine, requests
+
+    def _row_result(self, request: Any) -> GenerationResult:
+        if request.error is not None:
+            raise request.error
+        return self._with_text(request.result)
 
     def _step(
         self,
@@ -814,15 +998,40 @@ class TextStream(Iterator[str]):
     def __init__(self, session: Generator[str, None, GenerationResult]) -> None:
         self._session = session
         self.result: GenerationResult | None = None
+        self._done = False
 
     def __iter__(self) -> "TextStream":
         return self
 
     def __next__(self) -> str:
+        if self._done:
+            raise StopIteration
         try:
             return next(self._session)
         except StopIteration as done:
-            self.result = done.value
+            self.result, self._done = done.value, True
+            raise StopIteration from None
+
+
+class BatchTextStream(Iterator[tuple[int, str]]):
+    """The ``(row, text)`` chunks of a batch as its steps commit; ``results`` holds one
+    :class:`GenerationResult` per row once the stream is exhausted (None before)."""
+
+    def __init__(self, chunks: Generator[tuple[int, str], None, list[GenerationResult]]) -> None:
+        self._chunks = chunks
+        self.results: list[GenerationResult] | None = None
+        self._done = False
+
+    def __iter__(self) -> "BatchTextStream":
+        return self
+
+    def __next__(self) -> tuple[int, str]:
+        if self._done:
+            raise StopIteration
+        try:
+            return next(self._chunks)
+        except StopIteration as done:
+            self.results, self._done = done.value, True
             raise StopIteration from None
 
 
@@ -894,6 +1103,11 @@ def prompt_rows(prompts: Any) -> Any:
 
 def _is_messages(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(m, Mapping) and "role" in m for m in value)
+
+
+def _row_callback(on_step: Callable[[int, StepRecord], Any], i: int) -> Callable[[StepRecord], Any]:
+    """``on_step`` bound to row ``i``: called as ``on_step(i, record)``."""
+    return lambda record: on_step(i, record)
 
 
 def _with_emitted(record: StepRecord, emitted: int) -> StepRecord:

@@ -67,8 +67,6 @@ class DFlashDraftBatch(DraftBatch):
                 raise InvalidInputError(
                     f"row {i}: drafter holds {self.committed(i)} committed positions but the step's context length is {step.context_len}"
                 )
-        if len({s.temperature for s in steps}) != 1:
-            raise InvalidInputError("every row of a batch drafts at the same temperature")
         device = self.model.device
         self._flush(device)
         lens = torch.tensor(self._lens, device=device)  # [B]
@@ -82,7 +80,12 @@ class DFlashDraftBatch(DraftBatch):
             None, block, embed=self.embed, head=self.head, block_positions=positions, context_mask=visible, past_context=past
         )  # [B, bs - 1, V]
         k = self.block_size - 1
-        flat = Marginals.from_logits(logits[:, :k].reshape(b * k, -1).float(), temperature=steps[0].temperature)
+        temps = [s.temperature for s in steps]
+        if len(set(temps)) == 1:  # one temperature for every row (the usual case): applied in one division
+            flat = Marginals.from_logits(logits[:, :k].reshape(b * k, -1).float(), temperature=temps[0])
+        else:  # rows sampling at different temperatures (a server's batch): each row's logits scaled by its own
+            scale = to_device(temps, torch.float32, device)[:, None, None]  # [B, 1, 1]
+            flat = Marginals.from_logits((logits[:, :k].float() / scale).reshape(b * k, -1))
         lp = flat.log_probs.view(b, k, -1)  # [B, K, V], checked once for the whole batch
         return [Marginals(lp[i]) for i in range(b)]
 
@@ -117,6 +120,35 @@ class DFlashDraftBatch(DraftBatch):
             self._values = [v.index_select(0, idx) for v in self._values]
         self._lens = [self._lens[r] for r in rows]
         self._pending = [self._pending[r] for r in rows]
+
+    def extend(self, other: DraftBatch) -> None:
+        """Append ``other``'s rows (a batch of the same drafter): buffers zero-padded to the larger
+        capacity and stacked along the batch axis; pending features carried over."""
+        if not isinstance(other, DFlashDraftBatch) or other.model is not self.model:
+            raise InvalidInputError("extend() takes a DFlash batch of the same draft model")
+        self._fold_plain()
+        other._fold_plain()
+        if self._keys or other._keys:
+            ref = self._keys or other._keys
+            cap = max(k.shape[2] for k in (self._keys + other._keys))
+
+            def stacked(mine: list[torch.Tensor], theirs: list[torch.Tensor], b_mine: int, b_theirs: int) -> list[torch.Tensor]:
+                out = []
+                for i, r in enumerate(ref):
+                    buf = r.new_zeros((b_mine + b_theirs, r.shape[1], cap, r.shape[3]))
+                    if mine:
+                        buf[:b_mine, :, : mine[i].shape[2]] = mine[i]
+                    if theirs:
+                        buf[b_mine:, :, : theirs[i].shape[2]] = theirs[i].to(buf.device)
+                    out.append(buf)
+                return out
+
+            b_mine, b_theirs = len(self._lens), len(other._lens)
+            self._keys = stacked(self._keys, other._keys, b_mine, b_theirs)
+            self._values = stacked(self._values, other._values, b_mine, b_theirs)
+        self._lens = self._lens + other._lens
+        self._pending = self._pending + other._pending
+        other._keys, other._values, other._lens, other._pending = [], [], [], []
 
     # ---------------------------------------------------------------- cache
     def _fold_plain(self) -> None:
