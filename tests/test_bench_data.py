@@ -105,8 +105,10 @@ def test_data_dir_comes_from_the_environment_variable(monkeypatch: pytest.Monkey
 def test_the_public_benchmark_files_load_in_their_published_formats(shared_data: Path) -> None:
     for name in FORMATS:
         prompts = load_dataset(name, limit=3)  # found the way `bastion bench` finds them
-        assert len(prompts) == 3 and all(p.text.strip() for p in prompts)
+        per = 13 if FORMATS[name].limit_per_category else 1  # Spec-Bench: 3 of each of its 13 categories
+        assert len(prompts) == 3 * per and all(p.text.strip() for p in prompts)
     assert load_dataset("humaneval", limit=1, data_dir=shared_data)[0].id == "HumanEval/0"
+    assert len(load_dataset("spec_bench", data_dir=shared_data)) == 480
 
 
 class _ChatTok:

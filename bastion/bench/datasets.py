@@ -1,15 +1,20 @@
-"""Benchmark prompt sets: GSM8K (math), HumanEval (code) and MT-bench (chat) in their public formats.
+"""Benchmark prompt sets: GSM8K (math), HumanEval (code), MT-bench and Spec-Bench (chat) in their
+public formats.
 
 A dataset is named by a spec string ``NAME[=SOURCE]``:
 
-- ``gsm8k`` / ``humaneval`` / ``mt_bench``: the file of that name under the data directory
-  (``gsm8k/test.jsonl``, ``humaneval/HumanEval.jsonl.gz``, ``mt_bench/question.jsonl``);
+- ``gsm8k`` / ``humaneval`` / ``mt_bench`` / ``spec_bench``: the file of that name under the data
+  directory (``gsm8k/test.jsonl``, ``humaneval/HumanEval.jsonl.gz``, ``mt_bench/question.jsonl``,
+  ``spec_bench/question.jsonl``, each also read gzipped as ``NAME.gz``); without a data folder, the
+  copies bundled in the package (see :func:`bastion.core.folders.default_data_dir`);
 - ``gsm8k=path/to/file.jsonl``: a local JSONL (optionally gzipped) or JSON-array file in that format;
 - ``gsm8k=hf:openai/gsm8k:main@test``: a Hugging Face ``datasets`` id, optional config after ``:``
   and split after ``@`` (needs the ``datasets`` package and network access); ``gsm8k=hf`` uses the
   public hub copy of that data set.
 
-Only benchmark splits are read (GSM8K test, HumanEval prompts, MT-bench first turns).
+Only benchmark splits are read (GSM8K test, HumanEval prompts, MT-bench and Spec-Bench first turns).
+Spec-Bench prompts keep their category (13 of them), and a ``limit`` counts prompts per category there,
+so a short run still covers every category.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 
 from attrs import field, frozen
 
-from bastion.core.folders import DATA_DIR_ENV, default_data_dir
+from bastion.core.folders import DATA_DIR_ENV, data_file, default_data_dir
 from bastion.core.errors import InvalidInputError
 
 __all__ = [
@@ -49,6 +54,7 @@ class Prompt:
     domain: Domain
     id: str  # stable id inside the dataset (task id, question id or row index)
     text: str  # the question / code prompt / first chat turn
+    category: str | None = None  # the record's own category (MT-bench, Spec-Bench), None where it has none
 
     def __attrs_post_init__(self) -> None:
         if not self.text.strip():
@@ -87,8 +93,10 @@ class DatasetFormat:
     name: str
     domain: Domain
     default_file: str  # path below the data directory
-    hf_default: str  # hub spec used by "NAME=hf" (id[:config][@split])
+    hf_default: str | None  # hub spec used by "NAME=hf" (id[:config][@split]); None: no known hub copy
     extract: Callable[[dict[str, Any], int, str], tuple[str, str]] = field(eq=False, repr=False)
+    category_field: str | None = None  # the record field naming its category, if any
+    limit_per_category: bool = False  # a limit counts prompts per category, not per dataset
 
 
 FORMATS: dict[str, DatasetFormat] = {
@@ -96,7 +104,10 @@ FORMATS: dict[str, DatasetFormat] = {
     for f in (
         DatasetFormat("gsm8k", "math", "gsm8k/test.jsonl", "openai/gsm8k:main@test", _gsm8k),
         DatasetFormat("humaneval", "code", "humaneval/HumanEval.jsonl.gz", "openai/openai_humaneval@test", _humaneval),
-        DatasetFormat("mt_bench", "chat", "mt_bench/question.jsonl", "HuggingFaceH4/mt_bench_prompts@train", _mt_bench),
+        DatasetFormat("mt_bench", "chat", "mt_bench/question.jsonl", "HuggingFaceH4/mt_bench_prompts@train", _mt_bench,
+                      category_field="category"),
+        DatasetFormat("spec_bench", "chat", "spec_bench/question.jsonl", None, _mt_bench, category_field="category",
+                      limit_per_category=True),
     )
 }
 
@@ -118,7 +129,7 @@ def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
     if not p.is_file():
         raise InvalidInputError(
             f"dataset file not found: {p} (point --data-dir or ${DATA_DIR_ENV} at the folder holding gsm8k/, "
-            "humaneval/ and mt_bench/, or pass NAME=PATH / NAME=hf in --datasets)"
+            "humaneval/, mt_bench/ and spec_bench/, or pass NAME=PATH / NAME=hf in --datasets)"
         )
     opener: Callable[..., Any] = gzip.open if p.suffix == ".gz" else open
     with opener(p, "rt", encoding="utf-8") as fh:
@@ -158,23 +169,32 @@ def _hub_records(source: str) -> Iterable[dict[str, Any]]:
 
 
 def load_dataset(spec: str, limit: int | None = None, data_dir: str | Path | None = None) -> list[Prompt]:
-    """Load the prompts of ``spec`` (see the module doc), at most ``limit`` of them, in file order."""
+    """Load the prompts of ``spec`` (see the module doc) in file order: at most ``limit`` of them, or at
+    most ``limit`` of each category for a format that counts per category (Spec-Bench)."""
     if limit is not None and limit < 1:
         raise InvalidInputError(f"limit must be >= 1, got {limit}")
     fmt, source = parse_dataset_spec(spec)
     rows: Iterable[dict[str, Any]]
     if source == "hf" or (source is not None and source.startswith("hf:")):
         hub = fmt.hf_default if source == "hf" else source[3:]
+        if hub is None:
+            raise InvalidInputError(f"no hub copy of {fmt.name} is known: pass {fmt.name}=hf:ID[:CONFIG][@SPLIT] or a file")
         where, rows = f"hf:{hub}", _hub_records(hub)
     else:
-        path = Path(source) if source is not None else Path(data_dir or default_data_dir()) / fmt.default_file
+        path = Path(source) if source is not None else data_file(data_dir or default_data_dir(), fmt.default_file)
         where, rows = str(path), read_records(path)
     prompts: list[Prompt] = []
+    per_category: dict[str | None, int] = {}
     for i, row in enumerate(rows):
-        if limit is not None and len(prompts) >= limit:
+        if limit is not None and not fmt.limit_per_category and len(prompts) >= limit:
             break
-        pid, text = fmt.extract(dict(row), i, f"{where} row {i}")
-        prompts.append(Prompt(dataset=fmt.name, domain=fmt.domain, id=pid, text=text))
+        record = dict(row)
+        category = None if fmt.category_field is None or record.get(fmt.category_field) is None else str(record[fmt.category_field])
+        if limit is not None and fmt.limit_per_category and per_category.get(category, 0) >= limit:
+            continue
+        pid, text = fmt.extract(record, i, f"{where} row {i}")
+        per_category[category] = per_category.get(category, 0) + 1
+        prompts.append(Prompt(dataset=fmt.name, domain=fmt.domain, id=pid, text=text, category=category))
     if not prompts:
         raise InvalidInputError(f"dataset {spec!r} ({where}) holds no prompts")
     return prompts

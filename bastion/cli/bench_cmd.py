@@ -23,9 +23,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--drafters", type=csv_list, metavar="FAMILY[=PATH],...",
                    help="several drafters in one run, e.g. dflash,model (the demo pair's block and autoregressive "
                    "drafters) or dflash=DIR,model=DIR2 with --target: every method runs once per drafter (METHOD:FAMILY)")
-    p.add_argument("--datasets", type=csv_list, help="comma-separated NAME[=PATH|hf:ID] (default gsm8k,humaneval,mt_bench)")
-    p.add_argument("--data-dir", help="directory holding gsm8k/, humaneval/, mt_bench/ (default $BASTION_DATA_DIR, ./data or ../shared/data)")
-    p.add_argument("--limit", type=int, help="prompts per dataset (default 10; --quick 3)")
+    p.add_argument("--datasets", type=csv_list,
+                   help="comma-separated NAME[=PATH|hf:ID]: gsm8k, humaneval, mt_bench, spec_bench (default gsm8k,humaneval,mt_bench)")
+    p.add_argument("--data-dir", help="directory holding gsm8k/, humaneval/, mt_bench/, spec_bench/ (default $BASTION_DATA_DIR, "
+                   "./data or ../shared/data, else the copies bundled in the package)")
+    p.add_argument("--limit", type=int, help="prompts per dataset, per category for spec_bench (default 10; --quick 3)")
     p.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default 128; --quick 64)")
     p.add_argument("--methods", type=csv_list,
                    help="comma-separated methods: ar, bastion, BUILDER (every node), BUILDER@N (fixed budget) or "

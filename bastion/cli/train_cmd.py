@@ -81,7 +81,9 @@ def _sized(p: argparse.ArgumentParser, flag: str, kind: type, help: str) -> None
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", type=Path, default=None, help="shared data folder (default: $BASTION_DATA_DIR, ./data or ../shared/data)")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="data folder (default: $BASTION_DATA_DIR, ./data or ../shared/data, else the bundled copies: "
+                        "the benchmark sets and, for --smoke, a slice of the training sets)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--smoke", action="store_true", help="tiny sizes and a corpus slice: the recipe end to end in seconds")
@@ -222,6 +224,21 @@ def _data_dir(args: argparse.Namespace) -> Path:
     return args.data_dir or default_data_dir()
 
 
+def _training_data_dir(args: argparse.Namespace) -> Path:
+    """The folder the training corpus is read from; the package's bundled slice only for ``--smoke``."""
+    from bastion.core.errors import InvalidInputError
+    from bastion.core.folders import DATA_DIR_ENV, is_bundled
+
+    found = _data_dir(args)
+    if is_bundled(found) and not args.smoke:
+        raise InvalidInputError(
+            "no data folder found, and the package bundles only a small slice of the training sets, for --smoke: "
+            f"point --data-dir or ${DATA_DIR_ENV} at a folder holding gsm8k/train.jsonl and alpaca_eval/, "
+            "or distill your own prompts with --prompts"
+        )
+    return found
+
+
 def _limit(args: argparse.Namespace) -> int | None:
     return SMOKE_LIMIT if args.smoke else None
 
@@ -261,7 +278,7 @@ def run_tokenizer(args: argparse.Namespace) -> int:
     from bastion.training.tokenizer import TokenizerConfig, train_tokenizer
 
     _setup(args)
-    train, _ = split_documents(load_documents(_data_dir(args), limit_per_source=_limit(args)))
+    train, _ = split_documents(load_documents(_training_data_dir(args), limit_per_source=_limit(args)))
     vocab = 512 if args.smoke else args.vocab_size
     train_tokenizer((d.text for d in train), args.out, TokenizerConfig(vocab_size=vocab), length=len(train))
     print(f"tokenizer ({vocab} ids) written to {args.out}")
@@ -285,7 +302,7 @@ def run_target(args: argparse.Namespace) -> int:
                            num_kv_heads=args.kv_heads, intermediate_size=args.intermediate,
                            seq_len=args.seq_len, batch_size=args.batch, steps=args.steps, lr=args.lr,
                            warmup=args.warmup, save_every=args.save_every or 50, seed=args.seed)
-    train, held = split_documents(load_documents(_data_dir(args), limit_per_source=_limit(args)),
+    train, held = split_documents(load_documents(_training_data_dir(args), limit_per_source=_limit(args)),
                                   heldout_fraction=0.2 if args.smoke else 0.01)
     out = Path(args.out)
     train_ids = load_or_encode(out / "tokens-train.npy", tok, train)
@@ -303,7 +320,7 @@ def _distill_prompts(args: argparse.Namespace, tok: Any) -> list[tuple[str, str]
     for path in args.prompts:
         prompts += read_user_prompts(path, tok, limit=args.max_prompts)
     if not args.prompts or args.with_bundled:
-        bundled = distill_prompts(_data_dir(args), per_source=size(args, "per_source"))
+        bundled = distill_prompts(_training_data_dir(args), per_source=size(args, "per_source"))
         prompts += [(src, render_prompt(tok, src, text)) for src, text in bundled]
     return prompts
 

@@ -6,14 +6,13 @@ Sources (all public, none of them a benchmark split):
 - ``math``: GSM8K train questions with their worked answers, in the chat format,
 - ``chat``: AlpacaEval instructions with each listed model's response, in the chat format.
 
-Each document gets a stable hash-based split so the held-out slice never changes between runs.
+Each document gets a stable hash-based split so the held-out slice never changes between runs. Files
+are read plain or gzipped (``NAME.gz``, as the package's bundled slice ships them).
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import re
 import sysconfig
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Iterator, Sequence
 
 import attrs
 
-from bastion.core.folders import default_data_dir
+from bastion.core.folders import data_file, default_data_dir
 from bastion.core.errors import InvalidInputError
 from bastion.training.chat import EOS, chat_text, prompt_text
 
@@ -64,15 +63,24 @@ def stdlib_files(max_bytes: int = 200_000) -> list[Path]:
     return sorted(files)
 
 
+def _rows(data_dir: Path, relpath: str) -> list[dict]:
+    from bastion.bench.datasets import read_records
+
+    return list(read_records(_require(data_file(data_dir, relpath))))
+
+
 def _gsm8k(data_dir: Path, split: str) -> list[dict]:
-    path = _require(data_dir / "gsm8k" / f"{split}.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _rows(data_dir, f"gsm8k/{split}.jsonl")
 
 
 def _alpaca(data_dir: Path) -> list[dict]:
+    """Every ``alpaca_eval/*.json`` (or ``*.json.gz``) file's rows, files in name order."""
+    from bastion.bench.datasets import read_records
+
+    folder = _require(data_dir / "alpaca_eval")
     rows: list[dict] = []
-    for path in sorted(_require(data_dir / "alpaca_eval").glob("*.json")):
-        rows.extend(json.loads(path.read_text()))
+    for path in sorted([*folder.glob("*.json"), *folder.glob("*.json.gz")], key=lambda f: f.name.removesuffix(".gz")):
+        rows.extend(read_records(path))
     return rows
 
 
@@ -157,9 +165,6 @@ def heldout_prompts(data_dir: Path, *, per_domain: int = 10) -> list[tuple[str, 
     """``(domain, prompt text)`` for evaluation: GSM8K test questions, HumanEval prompts, MT-bench first
     turns. Never used for training."""
     out: list[tuple[str, str]] = [("gsm8k", prompt_text(r["question"])) for r in _gsm8k(data_dir, "test")[:per_domain]]
-    with gzip.open(_require(data_dir / "humaneval" / "HumanEval.jsonl.gz"), "rt") as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
-    out += [("humaneval", r["prompt"]) for r in rows[:per_domain]]
-    mt = [json.loads(line) for line in _require(data_dir / "mt_bench" / "question.jsonl").read_text().splitlines() if line.strip()]
-    out += [("mt_bench", prompt_text(r["turns"][0])) for r in mt[:per_domain]]
+    out += [("humaneval", r["prompt"]) for r in _rows(data_dir, "humaneval/HumanEval.jsonl.gz")[:per_domain]]
+    out += [("mt_bench", prompt_text(r["turns"][0])) for r in _rows(data_dir, "mt_bench/question.jsonl")[:per_domain]]
     return out
