@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bastion.cli.run_cmd",
     "bastion.cli.bench_cmd",
     "bastion.cli.calibrate_cmd",
+    "bastion.cli.serve_cmd",
 )
 
 
