@@ -154,6 +154,8 @@ class Engine:
         t0 = time.perf_counter()
         self._leave(updates)
         admitted = self._admit(updates)
+        if admitted:
+            self._leave(updates)  # a newcomer whose first token ended it (EOS, max_new_tokens 1) leaves now
         if not self._rows:
             self.last_step = None
             return updates
