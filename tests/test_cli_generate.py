@@ -136,3 +136,25 @@ def test_generate_is_quiet_by_default_and_verbose_shows_weight_loading(capfd):
     assert "Loading weights" not in capfd.readouterr().err
     assert main(["generate", "--prompt", PROMPT, "--max-new-tokens", "4", "--verbose"]) == 0
     assert "Loading weights" in capfd.readouterr().err
+
+
+def test_generate_with_several_prompts_honours_json_stop_and_stdin_and_keeps_statistics_off_stdout(capsys, monkeypatch):
+    second = "Name a prime."
+    singles = [_generate_json(capsys, "--prompt", p, "--max-new-tokens", "30") for p in (PROMPT, second)]
+    assert main(["generate", "--prompt", PROMPT, "--prompt", second, "--max-new-tokens", "30", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["tokens"] for r in rows] == [s["tokens"] for s in singles]
+    cut = [_generate_json(capsys, "--prompt", p, "--max-new-tokens", "30", "--stop", "\n") for p in (PROMPT, second)]
+    monkeypatch.setattr("sys.stdin", io.StringIO(second))
+    assert main(["generate", "--prompt", PROMPT, "--prompt", "-", "--max-new-tokens", "30", "--stop", "\n", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["text"], r["stop_reason"]) for r in rows] == [(c["text"], c["stop_reason"]) for c in cut]
+    assert main(["generate", "--prompt", PROMPT, "--prompt", second, "--max-new-tokens", "30", "--stop", "\n"]) == 0
+    out = capsys.readouterr()
+    assert out.out == "".join(f"--- prompt {i + 1} ---\n{c['text']}\n" for i, c in enumerate(cut))  # text only
+    assert "tok/s=" in out.err and "tok/s=" not in out.out
+
+
+def test_generate_refuses_an_empty_prompt_among_several(capsys):
+    assert main(["generate", "--prompt", PROMPT, "--prompt", "  ", "--max-new-tokens", "4"]) == 2
+    assert "--prompt 2 is empty" in capsys.readouterr().err

@@ -44,6 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.set_defaults(template="auto")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, statistics) instead of streaming")
     p.add_argument("--compare-ar", action="store_true", help="also decode autoregressively and report the speedup")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; 1 is often fastest on a busy machine)")
     add_model_options(p)
     p.set_defaults(func=run)
     return p
@@ -53,18 +54,34 @@ def read_prompt(args: argparse.Namespace) -> str:
     """The prompt text from --prompt (``-``: stdin) or --prompt-file (``-``: stdin)."""
     from bastion.core.errors import InvalidInputError
 
-    if args.prompt is not None and args.prompt != "-":
-        text = args.prompt
-    elif args.prompt == "-" or args.prompt_file == "-":
-        text = sys.stdin.read()
-    else:
-        try:
-            with open(args.prompt_file, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            raise InvalidInputError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror or exc}") from None
+    if args.prompt is not None:
+        return _checked_text(sys.stdin.read() if args.prompt == "-" else args.prompt, "the prompt")
+    if args.prompt_file == "-":
+        return _checked_text(sys.stdin.read(), "the prompt from stdin")
+    try:
+        with open(args.prompt_file, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidInputError(f"--prompt-file {args.prompt_file} is not UTF-8 text") from None
+    return _checked_text(text, f"--prompt-file {args.prompt_file}")
+
+
+def read_prompts(prompts: list[str]) -> list[str]:
+    """Several --prompt values: each checked non-empty; ``-`` reads stdin (at most once)."""
+    from bastion.core.errors import InvalidInputError
+
+    if prompts.count("-") > 1:
+        raise InvalidInputError("--prompt - reads stdin, which can be given only once")
+    return [_checked_text(sys.stdin.read() if p == "-" else p, f"--prompt {i + 1}") for i, p in enumerate(prompts)]
+
+
+def _checked_text(text: str, what: str) -> str:
+    from bastion.core.errors import InvalidInputError
+
     if not text.strip():
-        raise InvalidInputError("the prompt is empty")
+        raise InvalidInputError(f"{what} is empty")
     return text
 
 
@@ -123,8 +140,14 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     configure_output(args.verbose)
+    if args.threads is not None:
+        from bastion.core.errors import InvalidInputError
+
+        if args.threads < 1:
+            raise InvalidInputError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     if args.prompt and len(args.prompt) > 1:  # several prompts: one batch
-        return _run_batch(args, build_pipeline(args))
+        return _run_batch(args)
     args.prompt = args.prompt[0] if args.prompt else None
     prompt = read_prompt(args)  # before any model loads
     pipe = build_pipeline(args)
@@ -156,34 +179,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_batch(args: argparse.Namespace, pipe: Any) -> int:
-    """Several ``--prompt``s: one ``generate_batch`` call; each row's text and summary, then the total."""
+def _run_batch(args: argparse.Namespace) -> int:
+    """Several ``--prompt``s: one ``generate_batch`` call. Text mode prints each row's text under a
+    header on stdout and the statistics on stderr; ``--json`` prints one JSON list, one object per row."""
     import time
 
     import torch
 
-    rows = [encode_prompt(pipe, p, args.template)[0] for p in args.prompt]
+    texts = read_prompts(args.prompt)  # before any model loads
+    pipe = build_pipeline(args)
+    rows = [encode_prompt(pipe, p, args.template)[0] for p in texts]
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, top_p=args.top_p, top_k=args.top_k)
     with torch.inference_mode():
         start = time.perf_counter()
-        results = pipe.generate_batch(rows, **kw)
+        results = pipe.generate_batch(rows, stop=args.stop or None, **kw)
         wall = time.perf_counter() - start
-        ars = [None] * len(rows)
+        ars: list[Any] = [None] * len(rows)
         if args.compare_ar:
             from bastion.bench.methods import ARDecoder
 
             start = time.perf_counter()
             ars = ARDecoder(pipe.target).generate_batch(rows, **kw)
             ar_wall = time.perf_counter() - start
-    for i, (result, ar) in enumerate(zip(results, ars)):
-        print(f"--- prompt {i} ---")
-        print(pipe.tokenizer.decode(result.tokens, skip_special_tokens=True))
-        print(summary_line(result, ar), file=sys.stdout)
+    if args.json:
+        print(json.dumps([result_json(r, ar) for r, ar in zip(results, ars)], indent=2))
+    else:
+        for i, result in enumerate(results):
+            print(f"--- prompt {i + 1} ---")
+            print(result.text if result.text is not None else pipe.decode(result.tokens))
+            print(f"prompt {i + 1}: {summary_line(result, ars[i])}", file=sys.stderr)
     total = sum(len(r.tokens) for r in results)
     line = f"batch={len(rows)}  tokens={total}  tok/s={total / wall:.1f}"
     if args.compare_ar:
         line += f"  ar_tok/s={total / ar_wall:.1f}  speedup={ar_wall / wall:.2f}x"
-    print(line)
+    print(line, file=sys.stderr)
+    for result in results:
+        warn_if_cut_short(result, pipe.target.max_positions)
     return 0
 
 
