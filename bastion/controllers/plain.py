@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import BatchStepCosts, BudgetController, LatencyModel
 
 __all__ = ["PlainController"]
@@ -30,6 +31,8 @@ class PlainController(BudgetController):
         return False
 
     def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
+        if not isinstance(log_scores, torch.Tensor) or log_scores.dim() != 1 or log_scores.shape[0] < 1:
+            raise InvalidInputError("log_scores must be a non-empty 1-D tensor (a tree has at least its root)")
         return 1
 
     def __repr__(self) -> str:
