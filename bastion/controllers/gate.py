@@ -1,4 +1,6 @@
-"""When drafting does not pay, do not draft: a small per-sequence (or per-batch) switch with back-off.
+"""When drafting does not pay, do not draft: a small switch with back-off, kept per sampling setting
+(and per batch size) across requests: :meth:`SpeculationGate.start` opens a request under its setting
+and continues that setting's back-off, :meth:`SpeculationGate.reset` starts afresh.
 
 Every step is either *speculative* (draft, build a tree, verify n nodes) or *plain* (one target forward
 on the last token, the target alone). The switch learns nothing by itself; after each speculative step

@@ -1,4 +1,7 @@
-"""Core types, the five stage interfaces, hooks, registry and the pipeline."""
+"""The contract plugins import: core types, trees and candidate trees, the five stage interfaces, the
+target interface and the errors. The registry lives in :mod:`bastion.core.registry` (``bastion.registry``
+is the process-wide one), the hook specification in :mod:`bastion.core.hookspecs`, the pipeline in
+:mod:`bastion.core.pipeline` (``bastion.Pipeline``) and the engine in :mod:`bastion.engine`."""
 
 from bastion.core.candidates import PROPOSAL_KINDS, CandidateTree, proposal_kind
 from bastion.core.errors import (

@@ -1,7 +1,11 @@
-"""The decode loop: draft -> build -> budget -> verify -> commit -> observe.
+"""The pipeline: a target, the five stage components and their configuration, and the decoding calls.
 
-The pipeline talks to the five stage interfaces (and the :class:`Target` interface) only; concrete
-components come from the registry by name or are handed in as instances.
+The single-sequence loop (draft -> build -> budget -> verify -> commit -> observe) lives here; batches,
+and any generation that runs while another holds the single-sequence state, decode on
+:class:`bastion.engine.Engine`. Each call has its own state. Components come from the registry by name
+or are handed in as instances; the pipeline calls them through the five stage interfaces and the
+:class:`Target` interface, and trusts the proposals of built-in drafters (module ``bastion.*``) without
+re-validating them.
 """
 
 from __future__ import annotations
