@@ -257,8 +257,11 @@ def _validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        loc = [str(p) for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS)]
+        errors = exc.errors(include_url=False)
+        first_loc = errors[0]["loc"][:1]
+        # the branches of a union each report an error: the deepest one says most (a text part's type)
+        err = max((e for e in errors if e["loc"][:1] == first_loc), key=lambda e: len(_field_path(e["loc"])))
+        loc = _field_path(err["loc"])
         param = ".".join(loc) or None
         if err["type"] == "extra_forbidden":
             raise BadRequestError(f"unknown field {param!r}", param=param, code="unknown_field") from None
@@ -270,6 +273,10 @@ def _validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
 
 #: the names pydantic gives the branches of a union in an error's location (left out of ``param``)
 _UNION_TAGS = {"str", "int", "float", "bool", "list[int]", "list[str]", "list[list[int]]", "list[TextPart]", "TextPart"}
+
+
+def _field_path(loc: tuple[Any, ...]) -> list[str]:
+    return [str(p) for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)]
 
 
 def parse_completion(body: bytes) -> CompletionRequest:
