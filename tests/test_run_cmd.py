@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,7 +58,12 @@ def _args(pair: TinyPair, inp: Path | str, out: Path | str, *extra: str) -> list
 
 
 def _read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
+
+
+def _adopt(out: Path, written_by: Path) -> None:
+    """Give ``out`` the manifest of the run that wrote ``written_by`` (rows copied from there resume)."""
+    shutil.copyfile(written_by.with_name(written_by.name + ".manifest.json"), out.with_name(out.name + ".manifest.json"))
 
 
 def _stable(rows: list[dict]) -> list[tuple]:
@@ -78,11 +84,17 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(pair: TinyPair, prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """One uninterrupted one-process run."""
+def reference_out(pair: TinyPair, prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The output of one uninterrupted one-process run."""
     out = tmp_path_factory.mktemp("ref") / "out.jsonl"
     assert main(_args(pair, prompts, out)) == 0
-    return _read(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(reference_out: Path) -> list[dict]:
+    """The rows of one uninterrupted one-process run."""
+    return _read(reference_out)
 
 
 def test_one_process_run_writes_one_row_per_input_in_order_matching_single_generate(pair: TinyPair, reference: list[dict]) -> None:
@@ -140,11 +152,12 @@ def test_sigkill_part_way_then_rerun_equals_an_uninterrupted_run(
 
 
 def test_a_torn_last_line_is_redone_not_kept(
-    pair: TinyPair, prompts: Path, reference: list[dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pair: TinyPair, prompts: Path, reference: list[dict], reference_out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out.jsonl"
     lines = [json.dumps(r) for r in reference[:10]]
     out.write_text("\n".join(lines[:9]) + "\n" + lines[9][: len(lines[9]) // 2], encoding="utf-8")  # a crash mid-write
+    _adopt(out, reference_out)
     assert main(_args(pair, prompts, out)) == 0
     err = capsys.readouterr().err
     assert "dropped a torn last line" in err and f"{N_ROWS - 9} decoded, 9 already done" in err
@@ -196,11 +209,16 @@ def test_stdin_to_stdout_streams_rows_in_input_order(
     assert _stable(out) == _stable(reference[:5])
 
 
-def test_an_output_holding_ids_of_another_input_is_refused(pair: TinyPair, prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_output_holding_ids_of_another_input_is_refused_and_kept(
+    pair: TinyPair, prompts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out.jsonl"
-    out.write_text(json.dumps({"id": "stranger", "text": "", "token_ids": []}) + "\n")
+    other = _write(tmp_path / "other.jsonl", [{"id": "stranger", "prompt": "Hello"}])
+    assert main(_args(pair, other, out)) == 0
+    before = out.read_bytes()
     assert main(_args(pair, prompts, out)) == 2
     assert "'stranger', which is not in the input" in capsys.readouterr().err
+    assert out.read_bytes() == before
 
 
 def test_sampled_rows_depend_on_seed_and_line_only_not_on_batch_size_or_resume(pair: TinyPair, prompts: Path, tmp_path: Path) -> None:
@@ -208,7 +226,8 @@ def test_sampled_rows_depend_on_seed_and_line_only_not_on_batch_size_or_resume(p
     a, b, c, d = (tmp_path / f"{k}.jsonl" for k in "abcd")
     assert main(_args(pair, prompts, a, *sampled)) == 0
     assert main(_args(pair, prompts, b, *sampled, "--batch-size", "3")) == 0
-    c.write_text("".join(line + "\n" for line in a.read_text().splitlines()[:7]))  # a run that stopped after 7 rows
+    c.write_text("".join(line + "\n" for line in a.read_text().split("\n")[:7]))  # a run that stopped after 7 rows
+    _adopt(c, a)
     assert main(_args(pair, prompts, c, *sampled, "--batch-size", "5")) == 0
     assert _stable(_read(b)) == _stable(_read(a)) == _stable(_read(c))
     assert main(_args(pair, prompts, d, "--temperature", "0.9", "--seed", "4")) == 0
@@ -216,11 +235,12 @@ def test_sampled_rows_depend_on_seed_and_line_only_not_on_batch_size_or_resume(p
 
 
 def test_part_files_left_by_a_killed_multi_rank_launch_are_resumed_by_one_process(
-    pair: TinyPair, prompts: Path, reference: list[dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pair: TinyPair, prompts: Path, reference: list[dict], reference_out: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from bastion.run import part_path
 
     out = tmp_path / "out.jsonl"
+    _adopt(out, reference_out)
     half = N_ROWS // 2
     for rank, rows in ((0, reference[:4]), (1, reference[half : half + 5])):  # what two ranks had written
         part = part_path(out, rank, 2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from bastion.cli.options import add_model_options, build_pipeline
 
@@ -17,11 +18,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "run",
         help="decode a whole prompt file (JSON Lines), resumable, data parallel under torchrun",
         description=(
-            'Decode every row of --input ({"id": ..., "prompt": "..."} or {"id": ..., "messages": [...]}, '
-            "optional per-row max_new_tokens) and append one output row per input row to --output. A rerun "
-            "with the same --output skips the ids already done. Launch with `torchrun --nproc-per-node N -m "
-            "bastion run ...` to split the rows over N processes (one device each); rank 0 merges the output "
-            "in input order. Without --target/--drafter the embedded demo pair is used."
+            'Decode every row of --input ({"prompt": "..."} or {"messages": [...]}, with an optional "id" '
+            "(default: the line number) and per-row max_new_tokens, temperature, top_p, top_k, seed and stop; "
+            "or OpenAI batch requests with custom_id and body) and append one output row per input row to "
+            "--output. A rerun with the same --output skips the rows already done; an existing output that "
+            "bastion run did not write for this input is refused unless --overwrite. Launch with `torchrun "
+            "--nproc-per-node N -m bastion run ...` to split the rows over N processes (one device each); "
+            "rank 0 merges the output in input order. Without --target/--drafter the embedded demo pair is used."
         ),
     )
     p.add_argument("--input", required=True, help="prompt file (JSON Lines), or - for stdin")
@@ -31,13 +34,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) decodes greedily")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed in [0, 2**64): row seeds are --seed plus the input line")
     p.add_argument(
         "--on-error",
         choices=("stop", "skip"),
         default="stop",
         help="stop: report every bad input line and decode nothing (default); skip: write error rows and go on",
     )
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output (its rows, part files and manifest) instead of resuming it")
     p.add_argument("--raw", action="store_true", help="feed 'prompt' texts as they are (no chat template)")
     p.add_argument("--threads", type=int, help="torch CPU threads per process (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -46,12 +51,19 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
+def _model_name(target: str | None) -> str:
+    """How the output's manifest names the target: a local folder by its absolute path, else as given."""
+    if target is None:
+        return "demo"
+    return str(Path(target).resolve()) if Path(target).is_dir() else target
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from bastion.core.errors import InvalidRowsError
+    from bastion.core.errors import BastionError
     from bastion.distributed import setup, teardown
-    from bastion.run.runner import RunConfig, run_prompts
+    from bastion.run.runner import RunConfig, run_file
 
     from bastion.cli.options import configure_output
 
@@ -70,17 +82,17 @@ def run(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         raw=args.raw,
         progress=not args.no_progress,
+        overwrite=args.overwrite,
+        model={"target": _model_name(args.target), "dtype": args.dtype},
     )
     ctx = setup(args.device if not args.device_map else "cpu")
     try:
-        pipe = build_pipeline(args, device=ctx.device)
         try:
-            summary = run_prompts(config, pipe, ctx)
-        except InvalidRowsError as exc:
-            if not ctx.is_main:  # every rank finds the same lines; rank 0 reports them
+            summary = run_file(config, lambda: build_pipeline(args, device=ctx.device), ctx)
+        except BastionError:
+            if not ctx.is_main:  # every rank stops; rank 0 reports why
                 return 2
-            print(f"bastion: error: {exc}", file=sys.stderr)
-            return 2
+            raise
         if summary is not None:
             print(summary.describe(), file=sys.stderr)
     finally:

@@ -39,6 +39,11 @@ class InvalidFileError(InvalidInputError):
     The message names the file and, where one is at fault, the field."""
 
 
+class FileSystemError(BastionError, OSError):
+    """A file or folder bastion must read or write cannot be: missing, a directory, read-only, a full
+    disk, held by another process... The message names the path and the cause."""
+
+
 class InvalidRowsError(InvalidInputError):
     """Lines of an input file cannot be decoded; ``errors`` holds one description per line, in order."""
 

@@ -1,21 +1,35 @@
 """Parse and validate a ``bastion run`` prompt file (JSON Lines).
 
-Each non-blank line is one JSON object: ``{"id": ..., "prompt": "..."}`` or ``{"id": ...,
-"messages": [{"role": ..., "content": ...}, ...]}``, with an optional positive ``max_new_tokens``. Every
-problem is reported with its 1-based line number; a row with a problem becomes a :class:`RowError`
-instead of a :class:`InputRow`, so a run can stop on the first report or write error rows and go on.
+Each non-blank line is one JSON object, in either of two formats:
+
+- bastion's own: ``{"id": ..., "prompt": "..."}`` or ``{"id": ..., "messages": [...]}``, with optional
+  per-row settings (:mod:`bastion.run.settings`); ``id`` defaults to the line number;
+- an OpenAI batch request: ``{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions",
+  "body": {"messages": [...], ...}}`` (or ``"/v1/completions"`` with a ``prompt``), see
+  :mod:`bastion.run.openai`.
+
+Lines are split at ``\\n`` only (a JSON string may hold a raw U+2028 or other line separators that
+``str.splitlines`` would cut at). Every problem is reported with its 1-based line number; a row with a
+problem becomes a :class:`RowError` instead of a :class:`InputRow`, so a run can stop on the first report
+or write error rows and go on.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from attrs import field, frozen
 
-__all__ = ["InputRow", "RowError", "ParsedInput", "parse_input", "id_key"]
+from bastion.core.errors import InvalidInputError
+from bastion.run.settings import SETTING_KEYS, RowSettings, parse_settings
 
-_KNOWN_KEYS = frozenset({"id", "prompt", "messages", "max_new_tokens"})
+__all__ = ["InputRow", "RowError", "ParsedInput", "parse_input", "id_key", "check_messages", "split_lines"]
+
+_KNOWN_KEYS = frozenset({"id", "prompt", "messages"} | SETTING_KEYS)
+
+#: the two request kinds of an OpenAI batch file (``url``)
+Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 
 
 def id_key(value: Any) -> str:
@@ -24,27 +38,53 @@ def id_key(value: Any) -> str:
 
 
 @frozen
+class OpenAIRequest:
+    """Where an input row came from an OpenAI batch file: its endpoint and the ``model`` it named."""
+
+    url: Endpoint
+    model: str | None = None
+
+
+@frozen
 class InputRow:
-    """One valid input row: ``line`` is 1-based in the input, ``index`` its place among all input lines."""
+    """One valid input row: ``line`` is 1-based in the input. ``raw``: True feeds ``prompt`` without the
+    chat template whatever ``--raw`` says (an OpenAI ``/v1/completions`` request); None: ``--raw`` decides."""
 
     line: int
     id: str | int
     prompt: str | None = None
     messages: tuple[dict[str, Any], ...] | None = field(default=None, converter=lambda m: None if m is None else tuple(m))
-    max_new_tokens: int | None = None
+    settings: RowSettings = RowSettings()
+    openai: OpenAIRequest | None = None
+    raw: bool | None = None
 
     @property
     def key(self) -> str:
         return id_key(self.id)
 
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The row's own new-token limit, or None."""
+        return self.settings.max_new_tokens
+
+    def request(self) -> dict[str, Any]:
+        """What the row asks the model, as JSON (the prompt or messages, the endpoint): the part of the
+        row an output row was decoded from, besides its settings."""
+        out: dict[str, Any] = {"prompt": self.prompt} if self.messages is None else {"messages": list(self.messages)}
+        if self.openai is not None:
+            out["openai"] = {"url": self.openai.url, "model": self.openai.model}
+        return out
+
 
 @frozen
 class RowError:
-    """An input line that cannot be decoded: where it is, its id when it has a usable one, and why."""
+    """An input line that cannot be decoded: where it is, its id when it has a usable one, and why.
+    ``openai``: the line was an OpenAI batch request (its error row takes that format)."""
 
     line: int
     message: str
     id: str | int | None = None
+    openai: bool = False
 
     def describe(self, source: str = "input") -> str:
         return f"{source} line {self.line}: {self.message}"
@@ -69,21 +109,33 @@ def _valid_id(value: Any) -> bool:
     return (isinstance(value, str) and value != "") or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def _check_messages(messages: Any) -> str | None:
-    if not isinstance(messages, list) or not messages:
-        return "'messages' must be a non-empty list of {\"role\": ..., \"content\": ...} objects"
-    for k, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            return f"messages[{k}] must be an object with string 'role' and 'content'"
+def _content(content: Any) -> str | None:
+    """A message's text: a string, or OpenAI's list of ``{"type": "text", "text": ...}`` parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
+        return "".join(p["text"] for p in content)
     return None
 
 
-def _row(line: int, obj: Any) -> InputRow | RowError:
-    if not isinstance(obj, dict):
-        return RowError(line, f"expected a JSON object, got {type(obj).__name__}")
-    rid = obj.get("id")
-    if "id" not in obj:
-        return RowError(line, "missing 'id'")
+def check_messages(messages: Any) -> tuple[dict[str, Any], ...]:
+    """``messages`` as a tuple of ``{"role": str, "content": str, ...}`` objects (text parts joined); a
+    malformed conversation raises :class:`InvalidInputError` saying which message is wrong."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidInputError("'messages' must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
+    out = []
+    for k, m in enumerate(messages):
+        text = _content(m.get("content")) if isinstance(m, dict) else None
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or text is None:
+            raise InvalidInputError(f"messages[{k}] must be an object with a string 'role' and a text 'content'")
+        out.append({**m, "content": text})
+    return tuple(out)
+
+
+def _bastion_row(line: int, obj: dict[str, Any]) -> InputRow | RowError:
+    rid = obj.get("id", line)
     if not _valid_id(rid):
         return RowError(line, f"'id' must be a non-empty string or an integer, got {rid!r}")
     unknown = sorted(set(obj) - _KNOWN_KEYS)
@@ -94,23 +146,41 @@ def _row(line: int, obj: Any) -> InputRow | RowError:
         return RowError(line, "give exactly one of 'prompt' and 'messages'", rid)
     if has_prompt and (not isinstance(obj["prompt"], str) or not obj["prompt"]):
         return RowError(line, "'prompt' must be a non-empty string", rid)
-    if has_messages:
-        problem = _check_messages(obj["messages"])
-        if problem:
-            return RowError(line, problem, rid)
-    mnt = obj.get("max_new_tokens")
-    if mnt is not None and (not isinstance(mnt, int) or isinstance(mnt, bool) or mnt < 1):
-        return RowError(line, f"'max_new_tokens' must be a positive integer, got {mnt!r}", rid)
-    return InputRow(line=line, id=rid, prompt=obj.get("prompt"), messages=obj.get("messages"), max_new_tokens=mnt)
+    try:
+        messages = check_messages(obj["messages"]) if has_messages else None
+        settings = parse_settings(obj)
+    except InvalidInputError as exc:
+        return RowError(line, str(exc), rid)
+    return InputRow(line=line, id=rid, prompt=obj.get("prompt"), messages=messages, settings=settings)
+
+
+def _row(line: int, obj: Any) -> InputRow | RowError:
+    if not isinstance(obj, dict):
+        return RowError(line, f"expected a JSON object, got {type(obj).__name__}")
+    from bastion.run.openai import is_request, parse_request
+
+    if is_request(obj):
+        return parse_request(line, obj)
+    return _bastion_row(line, obj)
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of JSON Lines ``text``: split at ``\\n`` only (``\\r\\n`` ends work too), never at the
+    other separators ``str.splitlines`` knows (U+2028, U+0085, ...), which JSON strings may hold raw."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def parse_input(text: str) -> ParsedInput:
-    """Parse JSON Lines ``text``: one item per non-blank line. Malformed JSON, wrong types, missing or
-    duplicate ids become :class:`RowError` s (a duplicate keeps its first occurrence as the valid row)."""
+    """Parse JSON Lines ``text``: one item per non-blank line. Malformed JSON, wrong types, bad settings
+    and duplicate ids become :class:`RowError` s (a duplicate keeps its first occurrence as the valid
+    row; a row without ``id`` has its line number as id)."""
     items: list[InputRow | RowError] = []
     first_line: dict[str, int] = {}
-    for line_no, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
+    for line_no, raw in enumerate(split_lines(text), start=1):
+        if not raw.strip(" \t\r"):
             continue
         try:
             obj = json.loads(raw)
@@ -121,7 +191,8 @@ def parse_input(text: str) -> ParsedInput:
         if isinstance(item, InputRow):
             seen = first_line.get(item.key)
             if seen is not None:
-                item = RowError(line_no, f"duplicate id {item.id!r} (first on line {seen})", item.id)
+                name = "id" if item.openai is None else "custom_id"
+                item = RowError(line_no, f"duplicate {name} {item.id!r} (first on line {seen})", item.id, item.openai is not None)
             else:
                 first_line[item.key] = line_no
         items.append(item)

@@ -7,6 +7,10 @@ the rows through ``torch.distributed`` (no shared file system needed), writes ``
 in one atomic replace, and the part files are removed. A rerun with the same output skips every id
 already decoded in the output or in any part file it can see (each rank repairs only the files it
 writes: its own part, and rank 0 the output); error rows are always redone.
+
+Before anything is written, rank 0 locks the output and checks that it is ours to write
+(:mod:`bastion.run.resume`, :mod:`bastion.run.manifest`), and every rank checks the rows it found
+against the manifest. The model is loaded only when some row is left to decode.
 """
 
 from __future__ import annotations
@@ -14,59 +18,77 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Literal, TypeVar
 
-import attrs
-import torch
 from attrs import field, frozen, validators
 
-from bastion.core.checks import positive_int
-from bastion.core.errors import BastionError, InvalidInputError, InvalidRowsError
+from bastion.core.checks import check_seed, positive_int
+from bastion.core.errors import BastionError, FileSystemError, InvalidFileError, InvalidInputError, InvalidRowsError
+from bastion.core.types import SamplingConfig
 from bastion.distributed import DistContext, barrier, broadcast_object, gather_objects
+from bastion.run.decode import Progress, RankStats, decode_work
 from bastion.run.encode import EncodedRow, encode_rows
-from bastion.run.inputs import RowError, parse_input
-from bastion.run.journal import ResultRow, RowWriter, error_row, ok_row, read_rows, row_key, write_rows_atomic
+from bastion.run.inputs import InputRow, RowError, parse_input
+from bastion.run.journal import ResultRow, RowWriter, item_key, read_rows, row_key, write_rows_atomic
+from bastion.run.manifest import Manifest, OutputLock, check_paths, holder_now, input_digest, manifest_path, read_manifest, row_digest, write_manifest
+from bastion.run.resume import claim_output, journal_files, load_done, part_path, parts_dir, remove_parts
+from bastion.run.settings import Decode
 
-__all__ = ["RunConfig", "RunSummary", "run_prompts", "part_path", "STDIO"]
+__all__ = ["RunConfig", "RunSummary", "run_prompts", "run_file", "part_path", "STDIO"]
 
 #: the file name that stands for stdin (``--input``) or stdout (``--output``)
 STDIO = "-"
 
 OnError = Literal["stop", "skip"]
+T = TypeVar("T")
+
+
+def _seed(value: object) -> int:
+    return check_seed(value, name="--seed")
 
 
 @frozen
 class RunConfig:
-    """What one ``bastion run`` decodes and where the rows go."""
+    """What one ``bastion run`` decodes and where the rows go. ``max_new_tokens``, ``temperature``,
+    ``top_p``, ``top_k`` and ``seed`` apply to the rows that do not set their own; they are checked
+    here, before any model loads. ``model``: what names the model in the output's manifest (a resume
+    with another model is refused); ``overwrite``: replace an existing output instead of resuming it."""
 
     input: str
     output: str
     batch_size: int = field(default=8, validator=positive_int)
     max_new_tokens: int = field(default=128, validator=positive_int)  # rows without their own max_new_tokens
     temperature: float = field(default=0.0, converter=float, validator=validators.ge(0.0))
-    seed: int = 0
+    seed: int = field(default=0, converter=_seed)
     top_p: float = 1.0
     top_k: int = 0
     on_error: OnError = field(default="stop", validator=validators.in_(("stop", "skip")))
     raw: bool = False  # feed ``prompt`` text without the chat template
     progress: bool = True
+    overwrite: bool = False
+    model: dict[str, Any] = field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # the pipeline's rules
 
     @property
     def to_stdout(self) -> bool:
         return self.output == STDIO
 
+    @property
+    def defaults(self) -> Decode:
+        """The settings of a row that sets none (its seed: ``seed`` plus its line, added per row)."""
+        return Decode(self.max_new_tokens, self.temperature, self.top_p, self.top_k, self.seed)
 
-@frozen
-class RankStats:
-    """What one rank decoded in this run."""
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The command line's decode settings as the manifest records them."""
+        return {**self.defaults.as_json(), "seed": self.seed if self.temperature > 0 else None, "raw": self.raw}
 
-    decoded: int = 0
-    resumed: int = 0
-    new_tokens: int = 0
-    steps: int = 0
-    committed: int = 0  # tokens committed by decode steps (sum of accepted + 1)
-    budget: int = 0  # tree nodes verified, summed over steps
-    decode_s: float = 0.0
+    @property
+    def model_name(self) -> str:
+        """The model's name in OpenAI-shaped output rows (a request's own ``model`` wins)."""
+        return str(self.model.get("target") or "bastion")
 
 
 @frozen
@@ -100,6 +122,8 @@ class RunSummary:
 
     def describe(self) -> str:
         where = "stdout" if self.output == STDIO else self.output
+        if self.decoded == 0 and self.errors == 0 and self.resumed == self.input_rows:
+            return f"nothing to do: all {self.input_rows} rows are in {where} ({self.wall_s:.1f}s wall)"
         return (
             f"{self.input_rows} rows: {self.decoded} decoded, {self.resumed} already done, {self.errors} errors"
             f" | {self.new_tokens} new tokens in {self.decode_s:.1f}s ({self.tokens_per_second:.1f} tok/s)"
@@ -108,208 +132,251 @@ class RunSummary:
         )
 
 
-def part_path(output: str | Path, rank: int, world_size: int) -> Path:
-    """The part file rank ``rank`` of a ``world_size``-rank run appends to."""
-    out = Path(output)
-    return out.with_name(out.name + ".parts") / f"part-{rank:05d}-of-{world_size:05d}.jsonl"
+# ---------------------------------------------------------------------------------------------- ranks
+def _on_main(ctx: DistContext, fn: Callable[[], T]) -> T:
+    """``fn()`` run on rank 0, its value on every rank; a :class:`BastionError` it raises is raised on
+    every rank (rank 0 its own, the others one saying rank 0 stopped), so no rank waits forever."""
+    outcome: Any = None
+    error: BastionError | None = None
+    if ctx.is_main:
+        try:
+            outcome = ("ok", fn())
+        except BastionError as exc:
+            error, outcome = exc, ("error", str(exc))
+    outcome = broadcast_object(outcome, ctx)
+    if error is not None:
+        raise error
+    if outcome[0] == "error":
+        raise InvalidInputError(f"rank 0 stopped the run: {outcome[1]}")
+    return outcome[1]  # type: ignore[no-any-return]
 
 
-def _parts_dir(output: str) -> Path:
-    return part_path(output, 0, 1).parent
+def _on_every(ctx: DistContext, fn: Callable[[], T]) -> T:
+    """``fn()`` on every rank; when any rank raises a :class:`BastionError` every rank raises (its own,
+    or one naming the first failing rank)."""
+    value: Any = None
+    error: BastionError | None = None
+    try:
+        value = fn()
+    except BastionError as exc:
+        error = exc
+    if ctx.distributed:
+        reports = gather_objects(None if error is None else str(error), ctx)
+        first = broadcast_object(next(((r, m) for r, m in enumerate(reports or []) if m is not None), None), ctx)
+        if error is None and first is not None:
+            raise InvalidInputError(f"rank {first[0]} stopped the run: {first[1]}")
+    if error is not None:
+        raise error
+    return value  # type: ignore[no-any-return]
+
+
+def _total(count: int, ctx: DistContext) -> int:
+    """The sum of ``count`` over the ranks, on every rank."""
+    counts = gather_objects(count, ctx)
+    return broadcast_object(sum(counts) if counts is not None else 0, ctx)
 
 
 # ---------------------------------------------------------------------------------------------- input
 def _read_input(path: str) -> str:
+    """The input's text; a missing, unreadable or non-UTF-8 file raises an error naming it."""
     if path == STDIO:
-        return sys.stdin.read()
-    p = Path(path)
-    if not p.is_file():
-        raise InvalidInputError(f"input file {path} does not exist")
-    return p.read_text(encoding="utf-8")
+        stream = getattr(sys.stdin, "buffer", None)
+        data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
+        where = "stdin"
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise InvalidInputError(f"input file {path} does not exist")
+        if p.is_dir():
+            raise FileSystemError(f"input {path} is a directory; give a JSON Lines file")
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise FileSystemError(f"input file {path}: cannot read it: {exc.strerror or exc}") from None
+        where = f"input file {path}"
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidFileError(
+            f"{where} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            "bastion run reads JSON Lines"
+        ) from None
 
 
-def _positions(items: list[EncodedRow | RowError]) -> dict[str, int]:
+def _positions(items: tuple[InputRow | RowError, ...]) -> dict[str, int]:
     """Output-row key -> input position, for both keys an item's row may have."""
     pos: dict[str, int] = {}
     for k, item in enumerate(items):
-        line = item.line if isinstance(item, RowError) else item.row.line
-        pos[f"line:{line}"] = k
-        if isinstance(item, EncodedRow):
-            pos[f"id:{item.row.key}"] = k
+        pos[f"line:{item.line}"] = k
+        if isinstance(item, InputRow):
+            pos[f"id:{item.key}"] = k
     return pos
 
 
 def _block(items: list[Any], ctx: DistContext) -> list[Any]:
     """This rank's contiguous block of ``items`` (sizes differ by one at most): consecutive rows keep
-    consecutive seeds in one ``generate_batch`` call (see :func:`_seed_runs`)."""
+    consecutive seeds in one ``generate_batch`` call (see :func:`bastion.run.decode.seed_runs`)."""
     n = len(items)
     return items[n * ctx.rank // ctx.world_size : n * (ctx.rank + 1) // ctx.world_size]
 
 
-def _key(item: EncodedRow | RowError) -> str:
-    return f"line:{item.line}" if isinstance(item, RowError) else f"id:{item.row.key}"
+# ---------------------------------------------------------------------------------------------- run
+def run_prompts(
+    config: RunConfig,
+    pipe: Any,
+    ctx: DistContext | None = None,
+    *,
+    log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
+) -> RunSummary | None:
+    """Decode ``config.input`` with ``pipe`` (this rank's pipeline): :func:`run_file` with a pipeline
+    already built."""
+    return run_file(config, lambda: pipe, ctx, log=log)
 
 
-# ---------------------------------------------------------------------------------------------- resume
-def _journal_files(config: RunConfig, ctx: DistContext) -> tuple[list[Path], Path | None]:
-    """(files to read done rows from, the one file this rank repairs and appends to or None)."""
-    if config.to_stdout:
-        return [], None
-    output = Path(config.output)
-    parts = sorted(_parts_dir(config.output).glob("part-*-of-*.jsonl"))
-    mine = output if not ctx.distributed else part_path(output, ctx.rank, ctx.world_size)
-    files = [output, *parts]
-    return files, mine
-
-
-def _load_done(files: list[Path], mine: Path | None, positions: dict[str, int], log: Callable[[str], None]) -> dict[str, ResultRow]:
-    """Decoded rows already on disk, by key. Error rows are not kept (they are redone); a decoded row
-    whose id is not in the input stops the run (a different input, or a different output file)."""
-    done: dict[str, ResultRow] = {}
-    for path in files:
-        back = read_rows(path, repair=path == mine)
-        if back.torn_bytes and path == mine:
-            log(f"{path}: dropped a torn last line ({back.torn_bytes} bytes); its row is decoded again")
-        for row in back.rows:
-            key = row_key(row)
-            if "error" in row:
-                continue
-            if key not in positions:
-                raise InvalidInputError(f"{path} holds id {row['id']!r}, which is not in the input; use a fresh --output")
-            done.setdefault(key, row)
-    return done
-
-
-# ---------------------------------------------------------------------------------------------- decode
-def _batches(work: list[EncodedRow | RowError], size: int) -> Iterator[list[EncodedRow | RowError]]:
-    """Runs of items holding at most ``size`` rows to decode (error items ride along in place)."""
-    batch: list[EncodedRow | RowError] = []
-    count = 0
-    for item in work:
-        batch.append(item)
-        if isinstance(item, EncodedRow):
-            count += 1
-            if count == size:
-                yield batch
-                batch, count = [], 0
-    if batch:
-        yield batch
-
-
-def _seed_runs(idx: list[int], rows: list[EncodedRow], sampled: bool) -> list[list[int]]:
-    """Split ``idx`` into runs of rows on consecutive input lines when sampling: ``generate_batch`` seeds
-    its row k with ``seed + k``, so a run seeded with ``seed + first line`` gives every row the seed
-    ``seed + its line``, whatever the batch size, the rank count or the resume history."""
-    if not sampled:
-        return [idx]
-    runs: list[list[int]] = []
-    for k in idx:
-        if runs and rows[k].row.line == rows[runs[-1][-1]].row.line + 1:
-            runs[-1].append(k)
-        else:
-            runs.append([k])
-    return runs
-
-
-def _generate(pipe: Any, rows: list[EncodedRow], config: RunConfig) -> list[Any]:
-    """One :class:`GenerationResult` per row, in order; rows asking for different ``max_new_tokens``
-    go to ``generate_batch`` as separate groups, and at temperature > 0 every row is seeded with
-    ``--seed`` plus its input line."""
-    results: list[Any] = [None] * len(rows)
-    groups: dict[int, list[int]] = {}
-    for k, row in enumerate(rows):
-        groups.setdefault(row.max_new_tokens, []).append(k)
-    for max_new, idx in groups.items():
-        for run in _seed_runs(idx, rows, config.temperature > 0):
-            out = pipe.generate_batch(
-                [list(rows[k].ids) for k in run],
-                max_new_tokens=max_new,
-                temperature=config.temperature,
-                seed=config.seed + rows[run[0]].row.line,
-                top_p=config.top_p,
-                top_k=config.top_k,
-            )
-            for k, res in zip(run, out):
-                results[k] = res
-    return results
-
-
-def _decode_rows(pipe: Any, rows: list[EncodedRow], config: RunConfig) -> list[tuple[EncodedRow, Any]]:
-    """(row, GenerationResult or RowError) per row. With ``--on-error skip`` a batch that fails is
-    decoded row by row and a failing row becomes an error; otherwise the error propagates."""
+def run_file(
+    config: RunConfig,
+    load_pipe: Callable[[], Any],
+    ctx: DistContext | None = None,
+    *,
+    log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
+) -> RunSummary | None:
+    """Decode ``config.input``; return the pooled summary on rank 0 and ``None`` on the other ranks.
+    ``load_pipe()`` builds this rank's pipeline, called only when some row is left to decode. Input
+    errors raise :class:`InvalidRowsError` (every bad line, in order) unless ``config.on_error ==
+    "skip"``; an output that is not ours, or was decoded from other requests, raises
+    :class:`InvalidInputError` before anything is written (see :mod:`bastion.run.resume`)."""
+    ctx = ctx or DistContext()
+    t_start = time.perf_counter()
+    text = _on_main(ctx, lambda: _read_input(config.input))
+    parsed = parse_input(text).items
+    if not parsed:
+        raise InvalidInputError(f"input {config.input} holds no rows (one JSON object per line)")
+    lock = OutputLock(config.output) if ctx.is_main and not config.to_stdout else None
     try:
-        return list(zip(rows, _generate(pipe, rows, config)))
-    except BastionError as exc:
-        if config.on_error != "skip":
-            raise
-        if len(rows) == 1:
-            return [(rows[0], RowError(rows[0].row.line, f"decoding failed: {exc}", rows[0].row.id))]
-    return [pair for row in rows for pair in _decode_rows(pipe, [row], config)]
+        return _run(config, load_pipe, ctx, text, parsed, lock, log, t_start)
+    finally:
+        if lock is not None:
+            _release(lock, config)
 
 
-def _text(tokenizer: Any, tokens: list[int]) -> str:
-    return str(tokenizer.decode(tokens, skip_special_tokens=True)) if tokenizer is not None else ""
+def _release(lock: OutputLock, config: RunConfig) -> None:
+    """Clear the holder from the manifest (where this run wrote one) and release the lock."""
+    if not lock.held:
+        return
+    try:
+        mpath = manifest_path(config.output)
+        manifest = read_manifest(mpath)
+        if manifest is not None and manifest.holder:
+            write_manifest(mpath, Manifest(manifest.input, manifest.model, manifest.settings, manifest.rows, None))
+    except BastionError:
+        pass  # the holder note is advice; a stale one is never read while nobody holds the lock
+    finally:
+        lock.release()
 
 
-class _Progress:
-    """The rank's progress bar: rows, tokens/s, acceptance (rank 0 only; silent elsewhere)."""
+def _run(
+    config: RunConfig,
+    load_pipe: Callable[[], Any],
+    ctx: DistContext,
+    text: str,
+    parsed: tuple[InputRow | RowError, ...],
+    lock: OutputLock | None,
+    log: Callable[[str], None],
+    t_start: float,
+) -> RunSummary | None:
+    positions = _positions(parsed)
+    valid = [i for i in parsed if isinstance(i, InputRow)]
+    by_key = {f"id:{r.key}": r for r in valid}
+    digests = {k: d for k, r in by_key.items() if (d := row_digest(r, config.defaults, config.raw)) is not None}
+    files: list[Path] = []
+    mine: Path | None = None
+    done: dict[str, ResultRow] = {}
+    if not config.to_stdout:
 
-    def __init__(self, total: int, enabled: bool, desc: str) -> None:
-        self._bar: Any = None
-        if enabled and total:
-            from tqdm.auto import tqdm
+        def claim() -> Manifest | None:
+            assert lock is not None
+            input_path = None if config.input == STDIO else config.input
+            check_paths(input_path, config.output)  # before the lock file is created beside the output
+            lock.acquire()
+            return claim_output(input_path, config.output, overwrite=config.overwrite, log=log)
 
-            self._bar = tqdm(total=total, desc=desc, unit="row", dynamic_ncols=True, file=sys.stderr)
+        previous = _on_main(ctx, claim)
+        if config.overwrite and not ctx.is_main:
+            remove_parts(config.output)  # the part files rank 0 cannot see (no shared file system)
+        files, mine = journal_files(config.output, ctx.rank, ctx.world_size)
+        done = _on_every(ctx, lambda: load_done(
+            files, mine, by_key, digests, previous, output=config.output, model=config.model, settings=config.settings, log=log,
+        ))  # fmt: skip
+        manifest = Manifest(
+            input={"path": config.input, "sha256": input_digest(text)}, model=dict(config.model), settings=config.settings,
+            rows=digests, holder=holder_now(),
+        )  # fmt: skip
+        _on_main(ctx, lambda: write_manifest(manifest_path(config.output), manifest))
 
-    def update(self, rows: int, stats: RankStats) -> None:
-        if self._bar is None:
-            return
-        tps = stats.new_tokens / stats.decode_s if stats.decode_s > 0 else 0.0
-        acc = stats.committed / stats.steps if stats.steps else 0.0
-        self._bar.set_postfix_str(f"{tps:.1f} tok/s, acceptance {acc:.2f}", refresh=False)
-        self._bar.update(rows)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-
-
-def _add(stats: RankStats, result: Any) -> RankStats:
-    return attrs.evolve(
-        stats,
-        decoded=stats.decoded + 1,
-        new_tokens=stats.new_tokens + len(result.tokens),
-        steps=stats.steps + len(result.steps),
-        committed=stats.committed + sum(s.accepted + 1 for s in result.steps),
-        budget=stats.budget + sum(s.budget for s in result.steps),
+    parse_errors = [i for i in parsed if isinstance(i, RowError)]
+    owned: list[InputRow | RowError] = _block(valid, ctx) + (parse_errors if ctx.is_main else [])  # this rank's positions
+    owned.sort(key=lambda i: positions[item_key(i)])
+    todo = [i for i in owned if isinstance(i, RowError) or item_key(i) not in done]
+    stats = RankStats(resumed=sum(1 for i in owned if isinstance(i, InputRow) and item_key(i) in done))
+    answered = {item_key(i): done[item_key(i)] for i in owned if item_key(i) in done}
+    if _total(len(todo), ctx):
+        new, stats = _decode(config, load_pipe(), ctx, parsed, positions, todo, mine, stats)
+        answered.update(new)
+    merged = _merge(config, ctx, files, answered, done, positions, len(parsed))
+    all_stats = gather_objects(stats, ctx)
+    if not ctx.is_main:
+        return None
+    assert all_stats is not None
+    return RunSummary(
+        input_rows=len(parsed),
+        decoded=sum(s.decoded for s in all_stats),
+        resumed=sum(s.resumed for s in all_stats),
+        errors=sum(1 for r in merged if r.get("error") is not None) if merged is not None else len(parse_errors),
+        new_tokens=sum(s.new_tokens for s in all_stats),
+        steps=sum(s.steps for s in all_stats),
+        committed=sum(s.committed for s in all_stats),
+        budget=sum(s.budget for s in all_stats),
+        decode_s=max(s.decode_s for s in all_stats),
+        wall_s=time.perf_counter() - t_start,
+        world_size=ctx.world_size,
+        output=config.output,
     )
 
 
-def _decode_work(
-    pipe: Any, work: list[EncodedRow | RowError], writer: RowWriter | None, config: RunConfig, stats: RankStats, bar: _Progress
+def _decode(
+    config: RunConfig,
+    pipe: Any,
+    ctx: DistContext,
+    parsed: tuple[InputRow | RowError, ...],
+    positions: dict[str, int],
+    todo: list[InputRow | RowError],
+    mine: Path | None,
+    stats: RankStats,
 ) -> tuple[dict[str, ResultRow], RankStats]:
-    new: dict[str, ResultRow] = {}
-    for batch in _batches(work, config.batch_size):
-        rows = [i for i in batch if isinstance(i, EncodedRow)]
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            decoded = dict((id(r), res) for r, res in _decode_rows(pipe, rows, config)) if rows else {}
-        seconds = time.perf_counter() - t0
-        out: list[ResultRow] = []
-        for item in batch:
-            res = decoded.get(id(item), item)
-            if isinstance(res, RowError):
-                row = error_row(res)
-            else:
-                row = ok_row(item.row, res, _text(pipe.tokenizer, res.tokens))  # type: ignore[union-attr]
-                stats = _add(stats, res)
-            out.append(row)
-            new[_key(item)] = row
-        stats = attrs.evolve(stats, decode_s=stats.decode_s + seconds)
-        if writer is not None:
-            writer.write(out)
-        bar.update(len(rows), stats)
-    return new, stats
+    """Encode every row (every rank checks every line), stop on bad lines unless ``--on-error skip``,
+    and decode this rank's ``todo`` rows, appending them to ``mine`` (or stdout)."""
+    items = encode_rows(parsed, pipe.tokenizer, max_positions=pipe.target.max_positions, defaults=config.defaults, raw=config.raw)
+    errors = [i for i in items if isinstance(i, RowError)]
+    if errors and config.on_error == "stop":
+        raise InvalidRowsError(
+            f"{len(errors)} input line{'s' if len(errors) > 1 else ''} cannot be decoded "
+            "(--on-error skip writes them as error rows and goes on):",
+            [e.describe() for e in errors],
+        )
+    work: list[EncodedRow | RowError] = [items[positions[item_key(i)]] for i in todo]
+    if config.to_stdout:
+        writer = None if ctx.distributed else RowWriter(sys.stdout, fsync=False)
+    else:
+        writer = RowWriter(mine) if mine is not None else None
+    desc = "run" if not ctx.distributed else f"run (rank 0 of {ctx.world_size})"
+    bar = Progress(sum(1 for i in work if isinstance(i, EncodedRow)), config.progress and ctx.is_main, desc)
+    try:
+        return decode_work(pipe, work, writer, batch_size=config.batch_size, skip=config.on_error == "skip",
+                           model=config.model_name, stats=stats, bar=bar)  # fmt: skip
+    finally:
+        bar.close()
+        if writer is not None and not config.to_stdout:
+            writer.close()
 
 
 # ---------------------------------------------------------------------------------------------- merge
@@ -326,81 +393,6 @@ def _ordered(rows: dict[str, ResultRow], positions: dict[str, int], n_items: int
 
 def _file_keys(path: Path) -> list[str]:
     return [row_key(r) for r in read_rows(path, repair=False).rows]
-
-
-# ---------------------------------------------------------------------------------------------- run
-def run_prompts(
-    config: RunConfig,
-    pipe: Any,
-    ctx: DistContext | None = None,
-    *,
-    log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr),
-) -> RunSummary | None:
-    """Decode ``config.input`` with ``pipe`` (this rank's pipeline); return the pooled summary on rank 0
-    and ``None`` on the other ranks. Input errors raise :class:`InvalidRowsError` (every bad line, in
-    order) unless ``config.on_error == "skip"``."""
-    ctx = ctx or DistContext()
-    t_start = time.perf_counter()
-    text = broadcast_object(_read_input(config.input) if ctx.is_main else None, ctx)
-    items = encode_rows(
-        parse_input(text).items,
-        pipe.tokenizer,
-        max_positions=pipe.target.max_positions,
-        default_max_new_tokens=config.max_new_tokens,
-        raw=config.raw,
-    )
-    if not items:
-        raise InvalidInputError(f"input {config.input} holds no rows (one JSON object per line)")
-    errors = [i for i in items if isinstance(i, RowError)]
-    if errors and config.on_error == "stop":
-        raise InvalidRowsError(
-            f"{len(errors)} input line{'s' if len(errors) > 1 else ''} cannot be decoded "
-            "(--on-error skip writes them as error rows and goes on):",
-            [e.describe() for e in errors],
-        )
-    positions = _positions(items)
-    files, mine = _journal_files(config, ctx)
-    done = _load_done(files, mine, positions, log)
-
-    valid = [i for i in items if isinstance(i, EncodedRow)]
-    owned = _block(valid, ctx) + (errors if ctx.is_main else [])  # the positions this rank answers for
-    owned.sort(key=lambda i: positions[_key(i)])
-    work = [i for i in owned if isinstance(i, RowError) or _key(i) not in done]
-    stats = RankStats(resumed=sum(1 for i in owned if isinstance(i, EncodedRow) and _key(i) in done))
-
-    if config.to_stdout:
-        writer = None if ctx.distributed else RowWriter(sys.stdout, fsync=False)
-    else:
-        writer = RowWriter(mine) if mine is not None else None
-    desc = "run" if not ctx.distributed else f"run (rank 0 of {ctx.world_size})"
-    bar = _Progress(sum(1 for i in work if isinstance(i, EncodedRow)), config.progress and ctx.is_main, desc)
-    try:
-        new, stats = _decode_work(pipe, work, writer, config, stats, bar)
-    finally:
-        bar.close()
-        if writer is not None and not config.to_stdout:
-            writer.close()
-
-    answered = {**{_key(i): done[_key(i)] for i in owned if _key(i) in done}, **new}
-    merged = _merge(config, ctx, files, answered, done, positions, len(items))
-    all_stats = gather_objects(stats, ctx)
-    if not ctx.is_main:
-        return None
-    assert all_stats is not None
-    return RunSummary(
-        input_rows=len(items),
-        decoded=sum(s.decoded for s in all_stats),
-        resumed=sum(s.resumed for s in all_stats),
-        errors=sum(1 for r in merged if "error" in r) if merged is not None else len(errors),
-        new_tokens=sum(s.new_tokens for s in all_stats),
-        steps=sum(s.steps for s in all_stats),
-        committed=sum(s.committed for s in all_stats),
-        budget=sum(s.budget for s in all_stats),
-        decode_s=max(s.decode_s for s in all_stats),
-        wall_s=time.perf_counter() - t_start,
-        world_size=ctx.world_size,
-        output=config.output,
-    )
 
 
 def _merge(
@@ -422,7 +414,7 @@ def _merge(
         final = _ordered({**done, **answered}, positions, n_items)
         if parts or _file_keys(output) != [row_key(r) for r in final]:
             write_rows_atomic(output, final)
-        _remove(parts, _parts_dir(config.output))
+        _remove(parts, parts_dir(config.output))
         return final
     gathered = gather_objects(answered, ctx)
     final = None
@@ -440,7 +432,7 @@ def _merge(
         _remove([own, *stray], None)
         barrier(ctx)  # every rank has removed its part: rank 0 removes the folder
         if ctx.is_main:
-            _remove([], _parts_dir(config.output))
+            _remove([], parts_dir(config.output))
     return final
 
 
