@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from attrs import frozen
 import torch
 
 from bastion.core.errors import InvalidInputError
 
-__all__ = ["CLI_DTYPES", "DTYPE_BYTES", "dtype_bytes", "dtype_name", "fast_bfloat16", "parse_dtype"]
+__all__ = [
+    "AutoDtype",
+    "CLI_DTYPES",
+    "DTYPE_BYTES",
+    "auto_dtype",
+    "dtype_bytes",
+    "dtype_name",
+    "fast_bfloat16",
+    "parse_dtype",
+]
+
+log = logging.getLogger("bastion.dtype")
 
 #: dtypes offered on the command line
 CLI_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -82,3 +95,33 @@ def fast_bfloat16(device: torch.device | str) -> bool:
     except (AttributeError, RuntimeError):  # a build without the query: assume emulation
         return False
     return False
+
+
+@frozen
+class AutoDtype:
+    """What dtype ``auto`` computes a checkpoint in on a device: ``dtype`` None keeps the stored one."""
+
+    dtype: torch.dtype | None
+    reason: str
+
+    def log(self, what: str) -> None:
+        """One ``bastion.dtype`` INFO line naming ``what`` was loaded, the dtype chosen and why (only when
+        the choice differs from the stored dtype)."""
+        if self.dtype is not None:
+            log.info("%s: dtype auto -> %s (%s)", what, dtype_name(self.dtype), self.reason)
+
+
+def auto_dtype(stored: Any, device: torch.device | str) -> AutoDtype:
+    """The dtype ``auto`` computes a checkpoint stored in ``stored`` (a dtype, its name, or None when
+    unknown) in on ``device``: a float16 checkpoint on a CPU computes in float32, since CPUs have no fast
+    float16 matrix products (PyTorch emulates them) and float32 holds every float16 value exactly, so
+    the weights are unchanged; anything else keeps its stored dtype. A dtype the user names is never
+    passed through here."""
+    parsed = None if stored is None else parse_dtype(stored)
+    if parsed == torch.float16 and torch.device(device).type == "cpu":
+        return AutoDtype(
+            torch.float32,
+            "the checkpoint stores float16, which CPUs compute slowly; float32 holds its weights exactly "
+            "(name a dtype to override)",
+        )
+    return AutoDtype(None, "the checkpoint's own dtype")

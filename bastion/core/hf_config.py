@@ -8,7 +8,7 @@ from attrs import frozen
 
 from bastion.core.errors import InvalidInputError
 
-__all__ = ["DecoderShape", "config_dict", "config_value"]
+__all__ = ["DecoderShape", "config_dict", "config_dtype", "config_value"]
 
 _REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 
@@ -17,6 +17,19 @@ def config_value(config: Any, key: str, default: Any = None) -> Any:
     """``config[key]`` for a dict, ``config.key`` for a config object; ``default`` when absent or None."""
     value = config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
     return default if value is None else value
+
+
+def config_dtype(config: Any) -> Any:
+    """The dtype a config states (a dtype or its name), or None: its ``dtype``, else the older
+    ``torch_dtype`` key of a plain dict or a config object that stores one itself. A Hugging Face
+    config's ``torch_dtype`` attribute is only a deprecated alias of ``dtype`` (reading it logs
+    transformers' deprecation warning), so it is never read."""
+    value = config_value(config, "dtype")
+    if value is not None:
+        return value
+    if isinstance(config, Mapping):
+        return config.get("torch_dtype")
+    return getattr(config, "__dict__", {}).get("torch_dtype")
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -61,6 +74,6 @@ class DecoderShape:
             head_dim=int(config_value(config, "head_dim", hidden // heads)),
             intermediate_size=int(config_value(config, "intermediate_size")),
             vocab_size=int(config_value(config, "vocab_size")),
-            dtype=config_value(config, "dtype", config_value(config, "torch_dtype")),
+            dtype=config_dtype(config),
             model_type=str(config_value(config, "model_type", "decoder")),
         )

@@ -18,7 +18,7 @@ import torch
 
 from bastion.core.checks import check_device
 from bastion.core.compiled_verify import CompileOptions, StaticVerify, compile_options
-from bastion.core.dtypes import parse_dtype
+from bastion.core.dtypes import auto_dtype, parse_dtype
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.files import check_weights_folder
 from bastion.core.hf_compat import cache_kwargs
@@ -27,7 +27,7 @@ from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import TargetOutput
 
-__all__ = ["HFTarget", "SUPPORTED_ATTENTION", "DeviceMap", "single_device", "require_accelerate"]
+__all__ = ["HFTarget", "SUPPORTED_ATTENTION", "DeviceMap", "compute_in_auto_dtype", "single_device", "require_accelerate"]
 
 #: a Hugging Face ``device_map``: a strategy name, one device, or module name -> device
 DeviceMap = Union[str, int, torch.device, Mapping[str, Union[str, int, torch.device]]]
@@ -167,7 +167,11 @@ class HFTarget(Target):
         through Hugging Face / accelerate instead of ``device`` (``"auto"``, ``"balanced"``,
         ``"sequential"`` or a module-to-device dict): a map naming one device needs nothing more, a map
         over several devices needs the ``accelerate`` package. ``compile`` switches on the compiled
-        verify path (see :meth:`compile_verify`; off by default)."""
+        verify path (see :meth:`compile_verify`; off by default).
+
+        ``dtype="auto"`` keeps the checkpoint's dtype, except a float16 checkpoint placed on a CPU, which
+        computes in float32 (see :func:`bastion.core.dtypes.auto_dtype`; logged on ``bastion.dtype``); a
+        dtype named here is used as it is."""
         _check_attention(attn_implementation)
         device = check_device(device)
         dtype = parse_dtype(dtype, allow_auto=True) or "auto"  # any name bastion accepts ("bf16", "fp32", ...)
@@ -187,7 +191,12 @@ class HFTarget(Target):
             )
         except (OSError, ValueError, KeyError) as exc:  # missing files, unknown model types, bad hub ids
             raise InvalidInputError(f"cannot load the target model {str(path_or_id)!r}: {exc}") from exc
-        return cls(model if single is None else model.to(single), compile=compile)
+        if single is None:
+            return cls(model, compile=compile)
+        model = model.to(single)
+        if dtype == "auto":
+            model = compute_in_auto_dtype(model, single, f"target {str(path_or_id)!r}")
+        return cls(model, compile=compile)
 
     def compile_verify(self, options: CompileOptions | bool | dict[str, Any] | None = True) -> CompileOptions | None:
         """Switch the compiled verify path on (``True``, a mapping of :class:`CompileOptions` fields, or
@@ -444,6 +453,19 @@ class HFTarget(Target):
         else:
             feats = [tap.outputs[i] for i in layers]
         return logits, torch.cat(feats, dim=-1)  # [B, n, F]
+
+
+def compute_in_auto_dtype(model: Any, device: torch.device | str, what: str) -> Any:
+    """``model`` (a Hugging Face model loaded with dtype ``auto``) cast to the dtype ``auto`` computes in
+    on ``device`` (:func:`bastion.core.dtypes.auto_dtype`), its config saying so; the choice is logged
+    naming ``what``. Unchanged when the stored dtype stays."""
+    choice = auto_dtype(model.dtype, device)
+    if choice.dtype is None:
+        return model
+    model = model.to(choice.dtype)
+    model.config.dtype = choice.dtype
+    choice.log(what)
+    return model
 
 
 def single_device_of(model: torch.nn.Module) -> torch.device | None:

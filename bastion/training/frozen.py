@@ -1,7 +1,8 @@
 """The frozen target a drafter is trained for: any Hugging Face causal LM, loaded in its own dtype.
 
 ``load_frozen_target`` takes a local directory or a hub id (no remote code), keeps the checkpoint's own
-dtype unless told otherwise, moves it to the training device and freezes it. ``resolve_mask_token``
+dtype unless told otherwise (a float16 checkpoint trained on a CPU computes in float32, see
+:func:`bastion.core.dtypes.auto_dtype`), moves it to the training device and freezes it. ``resolve_mask_token``
 picks the drafter's mask token: an explicit id, else the tokenizer's mask token.
 """
 
@@ -38,14 +39,21 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def load_frozen_target(name: str | Path, device: torch.device | str = "cpu", dtype: str = "auto") -> Any:
-    """The target model (local directory or hub id) in ``dtype`` (default: its own), on ``device``, frozen."""
+    """The target model (local directory or hub id) in ``dtype`` (default ``auto``: its own, but float32
+    for a float16 checkpoint on a CPU, logged on ``bastion.dtype``), on ``device``, frozen."""
     from transformers import AutoModelForCausalLM
 
+    from bastion.core.hf_target import compute_in_auto_dtype
+
+    load_dtype = parse_dtype(dtype)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(name), dtype=parse_dtype(dtype))
+        model = AutoModelForCausalLM.from_pretrained(str(name), dtype=load_dtype)
     except OSError as exc:
         raise InvalidInputError(f"could not load the target {name!r}: {exc}") from exc
-    return freeze(model.to(device))
+    model = model.to(device)
+    if load_dtype == "auto":
+        model = compute_in_auto_dtype(model, device, f"frozen target {str(name)!r}")
+    return freeze(model)
 
 
 def load_target_tokenizer(name: str | Path) -> Any:

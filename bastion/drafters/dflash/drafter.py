@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from bastion.core.dtypes import parse_dtype
+from bastion.core.dtypes import auto_dtype, parse_dtype
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import Drafter
 from bastion.core.types import DraftContext, DraftStep, Marginals
@@ -102,8 +102,9 @@ class DFlashDrafter(Drafter):
     """Drafter over a DFlash checkpoint (local dir or hub id) or a :class:`DFlashDraftModel` instance.
 
     Options: ``checkpoint`` (path / hub id / model), ``device``, ``dtype`` (``torch.dtype`` or a name such
-    as ``"bfloat16"``; ``None`` keeps the checkpoint's), ``block_size`` (draft a shorter block than the
-    checkpoint's, >= 2).
+    as ``"bfloat16"``; ``None`` or ``"auto"`` keeps the checkpoint's, except a float16 checkpoint loaded
+    on a CPU, which computes in float32: see :func:`bastion.core.dtypes.auto_dtype`), ``block_size``
+    (draft a shorter block than the checkpoint's, >= 2).
     """
 
     proposes = "marginals"
@@ -119,7 +120,13 @@ class DFlashDrafter(Drafter):
         if isinstance(checkpoint, DFlashDraftModel):
             model = checkpoint.to(device=device, dtype=parse_dtype(dtype, allow_auto=True) or checkpoint.dtype)
         elif isinstance(checkpoint, (str, Path)):
-            model = DFlashDraftModel.from_pretrained(checkpoint, device=device, dtype=parse_dtype(dtype, allow_auto=True))
+            named = parse_dtype(dtype, allow_auto=True)
+            model = DFlashDraftModel.from_pretrained(checkpoint, device=device, dtype=named)
+            if named is None:  # auto: the stored dtype, but float32 for a float16 checkpoint on a CPU
+                choice = auto_dtype(model.dtype, device)
+                if choice.dtype is not None:
+                    model = model.to(dtype=choice.dtype)
+                    choice.log(f"DFlash drafter {str(checkpoint)!r}")
         else:
             raise InvalidInputError(
                 f"checkpoint must be a directory, a hub id or a DFlashDraftModel, got {type(checkpoint).__name__}"

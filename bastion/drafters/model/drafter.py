@@ -46,7 +46,9 @@ _POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length
 
 def load_causal_lm(checkpoint: Any, device: str | torch.device | None, dtype: torch.dtype | str | None) -> Any:
     """A causal LM from a local directory, a hub id or an already loaded model (moved to ``device`` /
-    ``dtype`` when given), in eval mode with an attention implementation that takes a 4D tree mask."""
+    ``dtype`` when given), in eval mode with an attention implementation that takes a 4D tree mask. A
+    checkpoint loaded with no dtype keeps its stored one, except float16 loaded onto a CPU ``device``:
+    float32 (see :func:`bastion.core.dtypes.auto_dtype`)."""
     from bastion.core.hf_target import SUPPORTED_ATTENTION
 
     dt = as_dtype(dtype)
@@ -54,6 +56,10 @@ def load_causal_lm(checkpoint: Any, device: str | torch.device | None, dtype: to
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dt or "auto", attn_implementation="sdpa")
+        if dt is None and device is not None:  # auto: the stored dtype, but float32 for float16 on a CPU
+            from bastion.core.hf_target import compute_in_auto_dtype
+
+            model = compute_in_auto_dtype(model, device, f"draft model {str(checkpoint)!r}")
     elif isinstance(checkpoint, torch.nn.Module) and hasattr(checkpoint, "config"):
         model = checkpoint
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
