@@ -218,7 +218,7 @@ def write_batch_report(sweep: BatchSweep, out_dir: str | Path, plots: bool = Tru
 
 
 def _plots(sweep: BatchSweep, out: Path) -> list[Path]:
-    from bastion.bench.plots import _plt
+    from bastion.bench.plots import _plt, log2_axis
 
     plt = _plt()
     sizes = list(sweep.batch_sizes)
@@ -226,7 +226,7 @@ def _plots(sweep: BatchSweep, out: Path) -> list[Path]:
     for m in sweep.methods:
         ys = [sweep.point(b, m).tokens_per_s for b in sizes]
         ax.plot(sizes, ys, marker="o", label=m, linewidth=2.5 if m == ADAPTIVE else 1.2)
-    ax.set_xscale("log", base=2)
+    log2_axis(ax, sizes)  # plain batch sizes: 1, 2, 4, ...
     ax.set_xlabel("batch size")
     ax.set_ylabel("total tokens / s")
     ax.set_title("Throughput against batch size")
@@ -239,7 +239,7 @@ def _plots(sweep: BatchSweep, out: Path) -> list[Path]:
     if ADAPTIVE in sweep.methods:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot(sizes, [sweep.point(b, ADAPTIVE).mean_width for b in sizes], marker="o")
-        ax.set_xscale("log", base=2)
+        log2_axis(ax, sizes)  # plain batch sizes: 1, 2, 4, ...
         ax.set_xlabel("batch size")
         ax.set_ylabel("bastion's mean width W")
         ax.set_title("Chosen tree width against batch size")

@@ -22,8 +22,10 @@ __all__ = [
     "PromptRun",
     "MethodStats",
     "DatasetSummary",
+    "Roles",
     "ALL_DATASETS",
     "sweep_budget",
+    "method_roles",
     "stage_seconds",
     "pearson",
     "aggregate",
@@ -51,12 +53,53 @@ TARGET_ACCEPT_VS_CHAIN = 1.3
 TARGET_SPEEDUP_VS_CHAIN = 1.2
 
 _SWEEP = re.compile(r"^best-first@(\d+)$")
+_FIXED = re.compile(r"^(.+)@(\d+)$")
+#: budget controllers that do not choose a budget (every node, or one fixed size)
+_NON_ADAPTIVE = ("full", "fixed")
 
 
 def sweep_budget(method: str) -> int | None:
     """The fixed budget N of a ``best-first@N`` sweep method, else None."""
     m = _SWEEP.match(method)
     return int(m.group(1)) if m else None
+
+
+@frozen
+class Roles:
+    """Which of a run's methods play the parts the summary compares: the adaptive controller, the chain
+    and static baselines, and the fixed-budget sweep of the adaptive method's tree builder."""
+
+    adaptive: str | None
+    chain: str | None
+    static: str | None
+    sweep: tuple[tuple[int, str], ...]  # (N, method), N ascending
+
+
+def _builder(name: str, adaptive: str) -> str:
+    return "best-first" if name == adaptive else name.partition("@")[0]
+
+
+def method_roles(methods: Sequence[str], adaptive: str = "bastion") -> Roles:
+    """The :class:`Roles` of ``methods`` (names as ``--methods`` takes them): the named ``adaptive``
+    method, else the first ``BUILDER@CONTROLLER`` with a budget-choosing controller; ``chain`` and
+    ``static``, else the first other method of that tree builder (``chain@fixed``, ``static@8``); and the
+    ``BUILDER@N`` methods of the adaptive method's builder (``best-first`` without an adaptive method)."""
+    names = list(dict.fromkeys(methods))
+
+    def is_adaptive(m: str) -> bool:
+        _, sep, ctrl = m.partition("@")
+        return bool(sep) and not ctrl.isdigit() and ctrl not in _NON_ADAPTIVE
+
+    ours = adaptive if adaptive in names else next((m for m in names if is_adaptive(m)), None)
+
+    def baseline(builder: str) -> str | None:
+        if builder in names and builder != ours:
+            return builder
+        return next((m for m in names if m != ours and _builder(m, adaptive) == builder), None)
+
+    base = _builder(ours, adaptive) if ours is not None else "best-first"
+    sweep = sorted((int(f.group(2)), m) for m in names if (f := _FIXED.match(m)) and f.group(1) == base)
+    return Roles(adaptive=ours, chain=baseline("chain"), static=baseline("static"), sweep=tuple(sweep))
 
 
 @frozen
@@ -239,6 +282,11 @@ class DatasetSummary:
     speedup_vs_best: float | None  # bastion speedup / best fixed budget's
     beat_chain: bool | None  # bastion speedup > chain's
     matched_best: bool | None  # bastion speedup >= (1 - MATCH_TOLERANCE) x best fixed budget's
+    #: the methods in each part (see :class:`Roles`): "bastion", "chain", "static", "best-first@N" by default
+    adaptive_method: str | None = None
+    chain_method: str | None = None
+    static_method: str | None = None
+    best_fixed_method: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -249,12 +297,15 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def summarize(stats: Sequence[MethodStats], adaptive: str = "bastion") -> list[DatasetSummary]:
-    """One :class:`DatasetSummary` per dataset present in ``stats`` (``"all"`` last when present)."""
+    """One :class:`DatasetSummary` per dataset present in ``stats`` (``"all"`` last when present), with
+    the parts played by the methods :func:`method_roles` picks (``adaptive`` names the adaptive method)."""
+    roles = method_roles([s.method for s in stats], adaptive=adaptive)
     out: list[DatasetSummary] = []
     for ds in dict.fromkeys(s.dataset for s in stats):
         by = {s.method: s for s in stats if s.dataset == ds}
-        chain, static, ours = by.get("chain"), by.get("static"), by.get(adaptive)
-        sweep = [(b, s) for m, s in by.items() if (b := sweep_budget(m)) is not None]
+        pick = lambda m: by.get(m) if m is not None else None  # noqa: E731
+        chain, static, ours = pick(roles.chain), pick(roles.static), pick(roles.adaptive)
+        sweep = [(b, by[m]) for b, m in roles.sweep if m in by]
         best = max(sweep, key=lambda bs: (bs[1].speedup or 0.0, -bs[0]), default=None)
         best_speed = best[1].speedup if best else None
         ours_speed = ours.speedup if ours else None
@@ -279,6 +330,10 @@ def summarize(stats: Sequence[MethodStats], adaptive: str = "bastion") -> list[D
                 matched_best=(ours_speed >= (1 - MATCH_TOLERANCE) * best_speed)
                 if ours_speed is not None and best_speed is not None
                 else None,
+                adaptive_method=ours.method if ours else None,
+                chain_method=chain.method if chain else None,
+                static_method=static.method if static else None,
+                best_fixed_method=best[1].method if best else None,
             )
         )
     return out

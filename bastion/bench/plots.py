@@ -12,6 +12,7 @@ from bastion.bench.runner import BenchRun
 
 __all__ = [
     "write_plots",
+    "log2_axis",
     "plot_speedup",
     "plot_acceptance_vs_budget",
     "plot_latency_fit",
@@ -60,71 +61,122 @@ def plot_speedup(run: BenchRun, path: Path) -> Path:
     return path
 
 
+#: colours and markers of the methods drawn as single points (none is the sweep line's colour)
+_POINT_STYLES: tuple[tuple[str, str], ...] = (
+    ("tab:red", "*"), ("tab:green", "D"), ("tab:purple", "s"), ("tab:brown", "^"), ("tab:pink", "v"),
+    ("tab:olive", "P"), ("tab:cyan", "X"), ("tab:gray", "h"),
+)
+_SWEEP_COLOUR = "tab:blue"
+
+
+def log2_axis(ax: Any, ticks: Sequence[float] | None = None) -> None:
+    """A base-2 log x axis labelled with plain numbers (1, 2, 4, ...), at ``ticks`` when given."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ax.set_xscale("log", base=2)
+    if ticks is not None:
+        ax.xaxis.set_major_locator(FixedLocator([float(t) for t in ticks]))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
+def _figure_legend(fig: Any, axes: Sequence[Any]) -> Any:
+    """One legend for the whole figure, below every panel (never over the data); None without entries."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    if not seen:
+        return None
+    return fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=min(4, len(seen)), fontsize=8, frameon=False)
+
+
 def plot_acceptance_vs_budget(run: BenchRun, path: Path) -> Path:
-    """Per dataset: acceptance length and speedup of the fixed-budget sweep vs N, the adaptive
-    controller's result marked at its mean budget, and the histogram of the budgets it chose."""
+    """Per dataset, one panel each (one y axis per panel): acceptance length and speedup over ar against
+    the budget N, the fixed-budget sweep of the adaptive method's tree builder as a line, every other
+    method as a point at its mean budget (the adaptive method a star), and the histogram of the budgets
+    the adaptive method chose. One legend below all panels."""
+    from bastion.bench.metrics import method_roles
+
     plt = _plt()
     datasets = _datasets(run)
-    fig, axes = plt.subplots(2, len(datasets), figsize=(4.2 * len(datasets), 5.6), squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 1]}, sharex="col")
+    names = [s.name for s in run.specs if not s.is_ar]
+    roles = method_roles(names)
+    swept = {m for _, m in roles.sweep}
+    points = ([roles.adaptive] if roles.adaptive is not None else []) + [m for m in names if m not in swept and m != roles.adaptive]
+    style = dict(zip(points, _POINT_STYLES * (1 + len(points) // len(_POINT_STYLES))))
+    rows = 3 if roles.adaptive is not None else 2
+    fig, axes = plt.subplots(rows, len(datasets), figsize=(4.2 * len(datasets), 2.6 * rows + 1.0), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 3, 1.4][:rows]}, sharex="col")
+    panels = [("acceptance_length", "acceptance length (tokens/step)"), ("speedup", "speedup over ar")]
     for k, ds in enumerate(datasets):
-        ax, hax = axes[0][k], axes[1][k]
         by = {s.method: s for s in run.stats if s.dataset == ds}
-        sweep = sorted((b, s) for m, s in by.items() if (b := sweep_budget(m)) is not None)
-        ax2 = ax.twinx()
-        if sweep:
-            ax.plot([b for b, _ in sweep], [s.acceptance_length for _, s in sweep], "o-", color="tab:blue", label="accept len (fixed N)")
-            ax2.plot([b for b, _ in sweep], [s.speedup or 0.0 for _, s in sweep], "s--", color="tab:orange", label="speedup (fixed N)")
-        ours = by.get(ADAPTIVE)
+        sweep = [(b, by[m]) for b, m in roles.sweep if m in by]
+        budgets = [b for b, _ in sweep] + [by[m].mean_budget for m in points if m in by]
+        if roles.adaptive in by:
+            budgets += list(by[roles.adaptive].budget_hist)
+        for row, (attr, label) in enumerate(panels):
+            ax = axes[row][k]
+            if row == 1:
+                ax.axhline(1.0, color="gray", lw=0.8, ls="--", label="ar")
+            if sweep:
+                ax.plot([b for b, _ in sweep], [getattr(s, attr) or 0.0 for _, s in sweep], "o-", color=_SWEEP_COLOUR,
+                        label=f"{sweep[0][1].method.rpartition('@')[0]}@N (fixed budget N)")
+            for m in points:
+                if m in by:
+                    colour, marker = style[m]
+                    ax.plot([by[m].mean_budget], [getattr(by[m], attr) or 0.0], marker, ls="none", ms=13 if marker == "*" else 8,
+                            color=colour, mec="black", label=f"{m} (at its mean N)")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        axes[0][k].set_title(ds)
+        ours = by.get(roles.adaptive) if roles.adaptive is not None else None
         if ours is not None:
-            ax.plot([ours.mean_budget], [ours.acceptance_length], "*", ms=14, color="tab:blue", mec="black", label="bastion accept len")
-            ax2.plot([ours.mean_budget], [ours.speedup or 0.0], "*", ms=14, color="tab:orange", mec="black", label="bastion speedup")
+            hax = axes[2][k]
             ns = sorted(ours.budget_hist)
-            hax.bar(ns, [ours.budget_hist[n] / max(1, ours.steps) for n in ns], width=[max(0.8, 0.08 * n) for n in ns], color="gray")
-        chain = by.get("chain")
-        if chain is not None:
-            ax.axhline(chain.acceptance_length, color="tab:blue", lw=0.8, ls=":", label="chain accept len")
-        ax.set_xscale("log", base=2)
-        hax.set_xscale("log", base=2)
-        ax.set_title(ds)
-        ax.set_ylabel("acceptance length (tokens/step)")
-        ax2.set_ylabel("speedup over ar")
-        hax.set_xlabel("budget N (nodes verified)")
-        hax.set_ylabel("bastion steps")
-        if k == 0:
-            h1, l1 = ax.get_legend_handles_labels()
-            h2, l2 = ax2.get_legend_handles_labels()
-            ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower right")
-    fig.tight_layout()
+            # bars of equal width on the log axis: from n / 1.15 to n * 1.15
+            hax.bar([n / 1.15 for n in ns], [ours.budget_hist[n] / max(1, ours.steps) for n in ns],
+                    width=[n * 1.15 - n / 1.15 for n in ns], align="edge", color="gray")
+            hax.set_ylabel(f"{roles.adaptive}\nshare of steps")
+        bottom = axes[rows - 1][k]
+        bottom.set_xlabel("budget N (nodes verified)")
+        log2_axis(bottom, sorted({2 ** e for b in budgets if b > 0 for e in range(0, int(b).bit_length() + 1)}) or None)
+    legend = _figure_legend(fig, [ax for row in axes for ax in row])
+    fig.tight_layout(rect=(0, 0.06 + 0.02 * (len(points) > 3) if legend is not None else 0, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
 def plot_latency_fit(run: BenchRun, path: Path) -> Path | None:
-    """Measured verify times of every tree method vs budget, with the adaptive pipeline's latency
-    model curve at the median context length."""
+    """Measured verify times of every tree method against the budget N (colour: context length), and
+    the adaptive pipeline's latency model at each measured step's own N and context: the model's
+    prediction is compared point for point, never drawn as a line through N at one context (its residual
+    correction is constant within (N, context) bins, so such a line jumps where no step was measured)."""
     if run.latency is None or not run.latency.points or run.latency_model is None:
         return None
     plt = _plt()
     pts = run.latency.points
-    ctx = int(statistics.median(c for _, c, _ in pts))
-    nmax = max(max(n for n, _, _ in pts), 2)
-    grid = sorted({1, *range(1, nmax + 1, max(1, nmax // 64)), nmax})
-    fig, ax = plt.subplots(figsize=(6, 4))
-    sc = ax.scatter([n for n, _, _ in pts], [1e3 * s for _, _, s in pts], c=[c for _, c, _ in pts], s=8, cmap="viridis", alpha=0.6)
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    sc = ax.scatter([n for n, _, _ in pts], [1e3 * s for _, _, s in pts], c=[c for _, c, _ in pts], s=10, cmap="viridis",
+                    alpha=0.6, label="measured")
     fig.colorbar(sc, ax=ax, label="context length")
-    ax.plot(grid, [1e3 * float(run.latency_model.predict(n, ctx)) for n in grid], "r-", label=f"model at context {ctx}")
+    ax.scatter([n for n, _, _ in pts], [1e3 * p for p in run.latency.predicted], s=14, marker="x", color="tab:red",
+               linewidths=0.8, label="model at the step's N and context")
     lo, hi, clipped = latency_axis_range([1e3 * s for _, _, s in pts])
     ax.set_yscale("log")
     ax.set_ylim(lo, hi)
+    from matplotlib.ticker import LogFormatter
+
+    ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))  # plain milliseconds, not 6 x 10^0
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
     if clipped:
         ax.plot([], [], " ", label=f"{clipped} outlier(s) above the axis not shown")
     err = run.latency.mean_abs_rel_error
     ax.set_title("Verify latency: measured vs model" + ("" if err is None else f" (mean |rel err| {100 * err:.0f}%)"))
     ax.set_xlabel("tree tokens verified (N)")
     ax.set_ylabel("verify time (ms)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -93,19 +93,31 @@ def stages_table(stats: Sequence[MethodStats], dataset: str | None = None) -> st
     return _table(header, rows)
 
 
+def _part_names(summary: Sequence[DatasetSummary]) -> tuple[str, str, str]:
+    """The methods playing the adaptive, chain and static parts (their default names where none did)."""
+
+    def first(attr: str, default: str) -> str:
+        return next((getattr(d, attr) for d in summary if getattr(d, attr) is not None), default)
+
+    return first("adaptive_method", ADAPTIVE), first("chain_method", "chain"), first("static_method", "static")
+
+
 def summary_table(summary: Sequence[DatasetSummary]) -> str:
-    """The comparison the method is judged by: baselines, best fixed budget and bastion, per dataset."""
+    """The comparison the method is judged by: baselines, best fixed budget and bastion, per dataset;
+    the columns name the methods that played each part (``chain@fixed`` for the chain, ``static@bastion``
+    for the adaptive controller, ...)."""
+    ours, chain, static = _part_names(summary)
     header = [
         "dataset",
-        "chain",
-        "static",
+        chain,
+        static,
         "best fixed N",
-        "bastion",
-        "accept len chain / static / best N / bastion",
-        "bastion/chain accept",
-        "bastion/chain speed",
-        "bastion/best",
-        "beat chain",
+        ours,
+        f"accept len {chain} / {static} / best N / {ours}",
+        f"{ours}/{chain} accept",
+        f"{ours}/{chain} speed",
+        f"{ours}/best",
+        f"beat {chain}",
         f"matched best (>= {100 * (1 - MATCH_TOLERANCE):.0f}%)",
     ]
     rows = []
@@ -140,15 +152,17 @@ def _gap_text(mine: MethodStats | None, other: MethodStats | None, top: int = 2)
 
 def targets_table(stats: Sequence[MethodStats], summary: Sequence[DatasetSummary]) -> str:
     """Each dataset next to the gains the BASTION paper reports (acceptance and speedup vs chain; a
-    speedup matching the best fixed budget): reference figures, not guarantees of this setup; with the stages where bastion spends more time per token than chain and than the best
-    fixed budget (ms per generated token)."""
+    speedup matching the best fixed budget): reference figures, not guarantees of this setup; with the
+    stages where the adaptive method spends more time per token than the chain and than the best fixed
+    budget (ms per generated token). The methods in each part are those of the summary."""
+    ours, chain, _ = _part_names(summary)
     header = [
         "dataset",
-        f"accept vs chain (paper: >= {TARGET_ACCEPT_VS_CHAIN:.2f})",
-        f"speedup vs chain (paper: >= {TARGET_SPEEDUP_VS_CHAIN:.2f})",
+        f"accept vs {chain} (paper: >= {TARGET_ACCEPT_VS_CHAIN:.2f})",
+        f"speedup vs {chain} (paper: >= {TARGET_SPEEDUP_VS_CHAIN:.2f})",
         f"speedup vs best N (paper: matches, >= {1 - MATCH_TOLERANCE:.2f})",
-        "bastion extra ms/token vs chain",
-        "bastion extra ms/token vs best N",
+        f"{ours} extra ms/token vs {chain}",
+        f"{ours} extra ms/token vs best N",
     ]
 
     def mark(x: float | None, goal: float) -> str:
@@ -157,15 +171,15 @@ def targets_table(stats: Sequence[MethodStats], summary: Sequence[DatasetSummary
     rows = []
     for d in summary:
         by = {s.method: s for s in stats if s.dataset == d.dataset}
-        best = by.get(f"best-first@{d.best_fixed_budget}") if d.best_fixed_budget is not None else None
+        pick = lambda m: by.get(m) if m is not None else None  # noqa: E731
         rows.append(
             [
                 d.dataset,
                 mark(d.accept_vs_chain, TARGET_ACCEPT_VS_CHAIN),
                 mark(d.speedup_vs_chain, TARGET_SPEEDUP_VS_CHAIN),
                 mark(d.speedup_vs_best, 1 - MATCH_TOLERANCE),
-                _gap_text(by.get(ADAPTIVE), by.get("chain")),
-                _gap_text(by.get(ADAPTIVE), best),
+                _gap_text(pick(d.adaptive_method), pick(d.chain_method)),
+                _gap_text(pick(d.adaptive_method), pick(d.best_fixed_method)),
             ]
         )
     return _table(header, rows)
@@ -271,6 +285,7 @@ def markdown_report(run: BenchRun) -> str:
         "",
         stages_table(run.stats),
     ]
+    parts += _category_sections(run)
     rel = reliability_table(run.stats)
     if rel:
         parts += ["", "### Predicted against realized tokens per step (steps that drafted)", "", rel]
@@ -284,7 +299,7 @@ def markdown_report(run: BenchRun) -> str:
             families_table(family_summaries(run.stats, families)),
             "",
         ]
-    hist = budget_table(run.stats)
+    hist = budget_table(run.stats, method=_part_names(run.summary)[0])
     if hist:
         parts += ["", "### Budgets chosen by the adaptive controller (share of steps)", "", hist]
     if run.latency is not None and run.latency.mean_abs_rel_error is not None:
@@ -297,6 +312,26 @@ def markdown_report(run: BenchRun) -> str:
             ),
         ]
     return "\n".join(parts) + "\n"
+
+
+def _category_sections(run: BenchRun) -> list[str]:
+    """Spec-Bench's figures for each dataset of :data:`~bastion.bench.categories.CATEGORY_DATASETS` in the
+    run: speedup and mean accepted tokens per task and per category."""
+    from bastion.bench.categories import CATEGORY_DATASETS, category_stats, category_table
+
+    parts: list[str] = []
+    for ds in dict.fromkeys(p.dataset for p in run.prompts):
+        if ds not in CATEGORY_DATASETS or not category_stats(run, ds):
+            continue
+        parts += [
+            "",
+            f"### {ds}: speedup over ar / mean accepted tokens per step, per task and per category",
+            "",
+            category_table(category_stats(run, ds, tasks=True), label="task"),
+            "",
+            category_table(category_stats(run, ds), label="category"),
+        ]
+    return parts
 
 
 def _jsonable(x: Any) -> Any:
@@ -358,10 +393,22 @@ def to_json(run: BenchRun) -> dict[str, Any]:
             "methods": [attrs.asdict(s) for s in run.specs],
             "stats": list(run.stats),
             "summary": list(run.summary),
+            "categories": _category_json(run),
             "latency_fit": lat,
             "prompts": prompts,
         }
     )
+
+
+def _category_json(run: BenchRun) -> dict[str, dict[str, list[MethodStats]]]:
+    """``{dataset: {"tasks": stats, "categories": stats}}`` for the datasets with per-category tables."""
+    from bastion.bench.categories import CATEGORY_DATASETS, category_stats
+
+    return {
+        ds: {"tasks": category_stats(run, ds, tasks=True), "categories": category_stats(run, ds)}
+        for ds in dict.fromkeys(p.dataset for p in run.prompts)
+        if ds in CATEGORY_DATASETS
+    }
 
 
 def write_json(run: BenchRun, path: Path) -> Path:
