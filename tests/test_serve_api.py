@@ -371,3 +371,28 @@ def test_a_component_failing_mid_step_fails_only_that_steps_requests(pipe: Any, 
     assert after.choices[0].text == want.text
     assert metric(small_server, "bastion_requests_finished_total", reason="error") == 2
     wait_idle(small_server)
+
+
+def test_a_drain_refuses_new_work_and_cancels_what_outlives_its_timeout(pipe: Any) -> None:
+    pipe.hooks.delay = 0.02
+    server = BastionServer(pipe, ServeSettings(port=0, drain_timeout=0.3)).start()
+    try:
+        c = client(server)
+        long = c.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=600, temperature=0, stream=True,
+                                    extra_body={"ignore_eos": True})
+        next(iter(long))
+        server.request_drain()
+        deadline = time.monotonic() + 5
+        while not server.state.draining and time.monotonic() < deadline:
+            time.sleep(0.01)
+        refused = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=10)
+        assert refused.status_code == 503 and refused.headers["Retry-After"] and refused.json()["error"]["code"] == "draining"
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 503
+        with pytest.raises(openai.APIError) as info:
+            for _ in long:
+                pass
+        assert "cancelled" in str(info.value)
+        assert server.wait(10)
+        assert server.drained_in is not None and server.drained_in < 5
+    finally:
+        server.stop()

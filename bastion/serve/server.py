@@ -86,7 +86,7 @@ class _Uvicorn(uvicorn.Server):
             self.should_exit = True
             self.force_exit = True
             return
-        self.loop.call_soon_threadsafe(self.owner.drain)
+        self.owner.request_drain()
 
 
 class BastionServer:
@@ -153,6 +153,20 @@ class BastionServer:
         self.stop()
 
     # ------------------------------------------------------------------ draining
+    def request_drain(self) -> None:
+        """Start a drain from any thread (what SIGTERM does)."""
+        loop = self._server.loop
+        if loop is None:
+            raise RuntimeError("the server is not running")
+        loop.call_soon_threadsafe(self.drain)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a background server to exit (after a drain) -> whether it did."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def drain(self) -> None:
         """Stop accepting requests and exit once the open ones end (call on the server's event loop)."""
         if self.state.draining:
