@@ -176,14 +176,16 @@ class BrokenBuilder(TreeBuilder):
         return Tree.from_parents(torch.tensor([(root_token + 1) % marginals.vocab_size, 1]), [-1, 0])
 
 
-def test_tree_validation_follows_the_builders_flag_not_its_module():
+def test_tree_validation_trusts_only_built_in_builders_that_declare_valid_trees():
     prompt = torch.tensor([[5, 6, 7]])
-    untrusted = bastion.Pipeline(_target(), NoisyOracleDrafter(_model()), tree_builder=BrokenBuilder(False))
-    assert untrusted.validate_trees
-    with pytest.raises(TreeValidationError, match="root first"):
-        untrusted.generate(prompt, max_new_tokens=4)
-    trusted = bastion.Pipeline(_target(), NoisyOracleDrafter(_model()), tree_builder=BrokenBuilder(True))
-    assert not trusted.validate_trees
+    for declared in (False, True):  # a plugin builder is checked at its boundary whatever it declares
+        untrusted = bastion.Pipeline(_target(), NoisyOracleDrafter(_model()), tree_builder=BrokenBuilder(declared))
+        assert untrusted.validate_trees
+        with pytest.raises(TreeValidationError, match="root first"):
+            untrusted.generate(prompt, max_new_tokens=4)
+    opted_out = bastion.Pipeline(_target(), NoisyOracleDrafter(_model()), tree_builder=BrokenBuilder(True), validate_trees=False)
+    assert not opted_out.validate_trees
+    assert not bastion.Pipeline(_target(), NoisyOracleDrafter(_model())).validate_trees  # best-first: built in, declared
     forced = bastion.Pipeline(
         _target(), NoisyOracleDrafter(_model()), tree_builder=BrokenBuilder(True), validate_trees=True
     )

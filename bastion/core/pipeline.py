@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from bastion.core.batch_costs import BatchCosts
+from bastion.core.blame import blame
 from bastion.core.candidates import CandidateTree, check_pairing
 from bastion.core.chat import chat_ids, user_turn
 from bastion.core.checks import check_greedy_verdict, check_int, check_marginals, check_next_tokens, check_tokenizer, check_verdict
@@ -95,7 +96,7 @@ class Pipeline:
         max_nodes: int = 64,
         tokenizer: Any = None,
         validate_trees: bool | None = None,
-        strict_verdicts: bool = False,
+        strict_verdicts: bool | None = None,
         component_options: Mapping[str, Mapping[str, Any]] | None = None,
         registry: Registry | None = None,
     ) -> None:
@@ -128,11 +129,15 @@ class Pipeline:
         self.budget_controller: BudgetController = resolve("budget_controller", budget_controller)
         self.latency_model: LatencyModel = resolve("latency_model", latency_model)
         self.verifier: Verifier = resolve("verifier", verifier)
-        if validate_trees is None:  # builders that guarantee valid trees declare it; check all others
-            validate_trees = not self.tree_builder.builds_valid_trees
+        if validate_trees is None:  # built-in builders that guarantee valid trees declare it; check all others
+            validate_trees = not (self.tree_builder.builds_valid_trees and _builtin(self.tree_builder))
         self.validate_trees = bool(validate_trees)
+        if strict_verdicts is None:  # a verifier that is not bastion's own is checked at its boundary
+            strict_verdicts = not _builtin(self.verifier)
         #: also check greedy verdicts against the target's argmax (one extra transfer of n ints per step)
         self.strict_verdicts = bool(strict_verdicts)
+        #: a drafter that is not bastion's own gets copies of the prompt tokens (it cannot write into the caller's)
+        self.copy_contexts = not _builtin(self.drafter)
         self.latency_model.bind(target)
         self.drafter.bind(target)
         if self.drafter.vocab_size != target.vocab_size:
@@ -176,7 +181,7 @@ class Pipeline:
         max_nodes: int = 64,
         tokenizer: Any = None,
         attn_implementation: str = "sdpa",
-        strict_verdicts: bool = False,
+        strict_verdicts: bool | None = None,
         device_map: Any = None,
         component_options: Mapping[str, Mapping[str, Any]] | None = None,
         registry: Registry | None = None,
@@ -418,12 +423,28 @@ class Pipeline:
         try:
             while True:
                 with self._step_lock:
-                    item = gen.send(value)
+                    try:
+                        item = gen.send(value)
+                    except StopIteration:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - re-raised, naming the component that broke
+                        error = blame(exc, self.components, self.registry)
+                        if error is exc:
+                            raise
+                        raise error from exc
                 value = yield item
         except StopIteration as done:
             return done.value
         finally:
             gen.close()
+
+    @property
+    def components(self) -> dict[str, Any]:
+        """The pipeline's target and five components, by kind."""
+        return {
+            "target": self.target, "drafter": self.drafter, "tree_builder": self.tree_builder,
+            "budget_controller": self.budget_controller, "latency_model": self.latency_model, "verifier": self.verifier,
+        }
 
     def _prepare(
         self,
@@ -558,7 +579,7 @@ class Pipeline:
         self.drafter.reset()
         pre = self.target.prefill(ids, layers)
         root = int(sample_tokens(pre.logits[-1], at_position(sampling, stream, ids.shape[1]), generator))
-        self.drafter.begin(DraftContext(tokens=ids[0], features=pre.features))
+        self.drafter.begin(DraftContext(tokens=ids[0].clone() if self.copy_contexts else ids[0], features=pre.features))
         self.budget_controller.begin(sampling)
         self._sync()
         prefill_s = time.perf_counter() - t_start
@@ -781,7 +802,7 @@ class Pipeline:
         t1 = time.perf_counter()
         tree = self.tree_builder.build(proposal, root_token=root, max_nodes=self.max_nodes)
         if self.validate_trees:
-            _validate_built(tree, root, self.target.vocab_size)
+            _validate_built(tree, root, self.target.vocab_size, self.max_nodes)
         t2 = time.perf_counter()
         scores = tree.log_scores_cpu()  # [n_max] from the builder's host copy: no device read
         # the controller sees this step's real drafting cost (flat for block drafters, growing with
@@ -1129,8 +1150,14 @@ def _checked_size(controller: BudgetController, decision: object, n_max: int) ->
     return n
 
 
-def _validate_built(tree: Tree, root: int, vocab_size: int) -> None:
+def _builtin(component: object) -> bool:
+    return type(component).__module__.startswith("bastion.")
+
+
+def _validate_built(tree: Tree, root: int, vocab_size: int, max_nodes: int | None = None) -> None:
     tree.validate(vocab_size=vocab_size)
+    if max_nodes is not None and len(tree) > max_nodes:
+        raise TreeValidationError(f"the tree has {len(tree)} nodes; the step allows at most max_nodes = {max_nodes}")
     if int(tree.tokens[0]) != root:
         raise TreeValidationError(f"root first: node 0 holds token {int(tree.tokens[0])}, expected the root {root}")
 

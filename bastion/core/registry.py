@@ -199,8 +199,16 @@ class Registry:
         """Register a hook-implementing object (module or instance) as a plugin and collect its components.
         Raises :class:`PluginLoadError` naming any hook it implements that bastion does not specify."""
         self.load()
+        name = name or getattr(module, "__name__", repr(module))
         with self._lock:
-            self._register_plugin(module, name or getattr(module, "__name__", repr(module)), source)
+            snapshot = dict(self._components)
+            try:
+                self._register_plugin(module, name, source)
+            except BaseException:  # all or nothing: what it registered before failing is rolled back
+                self._components = snapshot
+                if self.pm.is_registered(module):
+                    self.pm.unregister(module)
+                raise
 
     def check_pending(self) -> None:
         """Fail on hook implementations that match no hook specification (every plugin is already

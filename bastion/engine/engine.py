@@ -29,8 +29,9 @@ import attrs
 import torch
 
 from bastion.core.batching import DraftBatch, TargetBatch
+from bastion.core.blame import plugin_of
 from bastion.core.candidates import CandidateTree
-from bastion.core.checks import check_next_tokens
+from bastion.core.checks import check_greedy_verdict, check_next_tokens, check_verdict
 from bastion.core.errors import BastionError, ComponentError, IncompatibleComponentsError, InvalidInputError, TreeValidationError
 from bastion.core.interfaces import BatchStepCosts, BudgetDecision
 from bastion.core.sampling import at_position, sample_tokens
@@ -160,7 +161,7 @@ class Engine:
             self.last_step = None
             return updates
         self.steps += 1
-        stage = _Stage()
+        stage = _Stage(getattr(self.pipe, "registry", None))
         try:
             summary = self._decode(updates, stage)
         except Exception as exc:  # noqa: BLE001 - a component broke: fail this step's requests only
@@ -197,7 +198,7 @@ class Engine:
             return 0
         del self._waiting[: len(batch)]
         pipe = self.pipe
-        stage = _Stage()
+        stage = _Stage(getattr(self.pipe, "registry", None))
         t0 = time.perf_counter()
         try:
             stage.at("target", pipe.target, "open_batch")
@@ -212,8 +213,12 @@ class Engine:
             drafts = None
             if self.drafts:
                 stage.at("drafter", pipe.drafter, "open_batch")
+                copy = getattr(pipe, "copy_contexts", False)  # a plugin drafter gets copies of the prompts
                 drafts = pipe.drafter.open_batch(
-                    [DraftContext(tokens=r.prompt, features=None if pre.features is None else pre.features[i]) for i, r in enumerate(batch)]
+                    [
+                        DraftContext(tokens=r.prompt.clone() if copy else r.prompt, features=None if pre.features is None else pre.features[i])
+                        for i, r in enumerate(batch)
+                    ]
                 )
             device_sync(pipe.target.device)
         except Exception as exc:  # noqa: BLE001 - the newcomers fail; the running batch is untouched
@@ -317,6 +322,11 @@ class Engine:
         stage.at("verifier", pipe.verifier, "next_tokens")
         tokens = pipe.verifier.next_tokens(roots, out.logits[:, 0], row_sampling, [r.generator for r in rows])
         tokens = check_next_tokens(tokens, len(rows), out.logits.shape[-1], pipe.verifier)
+        if getattr(pipe, "strict_verdicts", False) and any(r.stream is None for r in rows):
+            best = to_host(out.logits[:, 0].argmax(dim=-1), "strict greedy check")  # [B]
+            for r, tok, want in zip(rows, tokens, best):
+                if r.stream is None and tok != want:
+                    raise ComponentError(f"verifier {type(pipe.verifier).__name__}: next token {tok} is not the target's argmax {want}")
         t2 = time.perf_counter()  # forward, commit and the read of its tokens
         if self._drafts is not None:
             stage.at("drafter", pipe.drafter, "commit_next")
@@ -384,6 +394,11 @@ class Engine:
         ]
         stage.at("verifier", pipe.verifier, "verify_batch")
         verdicts = pipe.verifier.verify_batch(trees, out.logits, row_sampling, [r.generator for r in rows])
+        if getattr(pipe, "strict_verdicts", False):  # a verifier that is not bastion's own, or asked for
+            for i, (verdict, tree, r) in enumerate(zip(verdicts, trees, rows)):
+                check_verdict(verdict, tree, pipe.target.vocab_size, pipe.verifier)
+                if r.stream is None:
+                    check_greedy_verdict(verdict, tree, out.logits[i, : len(tree)], pipe.verifier)
         t5 = time.perf_counter()
         nodes = [v.accepted_nodes for v in verdicts]
         stage.at("target", pipe.target, "commit")
@@ -444,19 +459,23 @@ class Engine:
             tree.validate(vocab_size=pipe.target.vocab_size)
             if int(tree.tokens[0]) != root:
                 raise TreeValidationError(f"root first: node 0 holds token {int(tree.tokens[0])}, expected the root {root}")
+            if len(tree) > pipe.max_nodes:
+                raise TreeValidationError(f"the tree has {len(tree)} nodes; the step allows at most max_nodes = {pipe.max_nodes}")
         return tree
 
 
 class _Stage:
     """Which component the step is calling, so an exception can name it."""
 
-    def __init__(self) -> None:
+    def __init__(self, registry: Any = None) -> None:
         self.kind = ""
         self.name = ""
         self.method = ""
+        self.component: object = None
+        self.registry = registry
 
     def at(self, kind: str, component: object, method: str) -> None:
-        self.kind, self.name, self.method = kind, type(component).__name__, method
+        self.kind, self.name, self.method, self.component = kind, type(component).__name__, method, component
 
     def error(self, exc: BaseException) -> BastionError:
         """``exc`` as the error the failed requests report: bastion's own errors as they are, anything
@@ -464,6 +483,8 @@ class _Stage:
         if isinstance(exc, BastionError):
             return exc
         where = f"{self.kind} {self.name}.{self.method}" if self.kind else "the engine"
+        if self.component is not None:
+            where += f" (plugin {plugin_of(self.component, self.registry)})"
         err = ComponentError(f"{where} raised {type(exc).__name__}: {exc}")
         err.__cause__ = exc
         return err
