@@ -28,6 +28,11 @@ from bastion.core.dtypes import CLI_DTYPES, parse_dtype
 
 SMOKE_LIMIT = 12  # documents per source in --smoke runs
 
+#: held-out prompts per dataset of the full bench evaluation (--full-eval; runs of 1000 steps or more)
+FULL_EVAL_LIMIT = 10
+#: training steps per held-out prompt (per dataset) of the evaluation sized to the run
+STEPS_PER_EVAL_PROMPT = 100
+
 #: modules adding further ``bastion train`` stages (each exposes ``add_stage(stages_subparsers)``)
 STAGE_MODULES: tuple[str, ...] = ("bastion.cli.train_ar_cmd",)
 
@@ -59,7 +64,7 @@ SIZES: dict[str, tuple[Any, Any]] = {
     "warmup_steps": (50, 1),
     "draft_save_every": (50, 2),
     "heldout_seqs": (96, 2),
-    "eval_limit": (10, 1),
+    "eval_limit": (None, 1),  # None: sized to the run (see eval_limit)
     "eval_max_new_tokens": (64, 8),
     "eval_budgets": ("16,64", "4"),
 }
@@ -141,7 +146,12 @@ def _drafter_opts(r: argparse.ArgumentParser) -> None:
     r.add_argument("--eval-every", type=int, default=0, help="held-out acceptance evaluation every N steps (default 0: at the end only)")
     r.add_argument("--eval-datasets", type=str, default="gsm8k,humaneval,mt_bench",
                    help="held-out prompts, as `bastion bench --datasets` (NAME[=PATH]); never training prompts")
-    _sized(r, "--eval-limit", int, "held-out prompts per dataset")
+    r.add_argument("--eval-limit", type=int, default=None,
+                   help=f"held-out prompts per dataset (default: sized to the run, one per {STEPS_PER_EVAL_PROMPT} steps "
+                        f"up to {FULL_EVAL_LIMIT}, none below {STEPS_PER_EVAL_PROMPT} steps: the teacher-forced figures "
+                        f"only; --smoke 1)")
+    r.add_argument("--full-eval", action="store_true",
+                   help=f"decode the full {FULL_EVAL_LIMIT} held-out prompts per dataset however short the run")
     _sized(r, "--eval-max-new-tokens", int, "new tokens per held-out prompt")
     _sized(r, "--eval-budgets", str, "comma-separated N of the best-first@N figures")
     r.add_argument("--no-eval", action="store_true", help="skip the held-out acceptance evaluation")
@@ -244,8 +254,10 @@ def _limit(args: argparse.Namespace) -> int | None:
 
 
 def _setup(args: argparse.Namespace) -> None:
+    from bastion.core.dtypes import show_dtype_choices
     from bastion.training.loop import seed_everything, set_threads
 
+    show_dtype_choices()
     set_threads(args.threads)
     seed_everything(args.seed)
 
@@ -376,16 +388,39 @@ def _split(seqs: list, n_held: int) -> tuple[list[int], list[int]]:
     return trainable_indices(seqs, exclude=held), held
 
 
+def eval_limit(args: argparse.Namespace) -> int:
+    """Held-out prompts per dataset the bench acceptance evaluation decodes: ``--eval-limit`` as given;
+    else :data:`FULL_EVAL_LIMIT` with ``--full-eval``; else 1 with ``--smoke``; else sized to the run:
+    one per :data:`STEPS_PER_EVAL_PROMPT` training steps, at most :data:`FULL_EVAL_LIMIT`, at least one
+    when ``--eval-every`` asks for evaluations. 0: no prompts, the teacher-forced figures on the
+    held-out sequences only (a bench decode of 30 prompts costs minutes on a CPU, far more than a
+    short run's training)."""
+    if args.eval_limit is not None:
+        return int(args.eval_limit)
+    if args.full_eval:
+        return FULL_EVAL_LIMIT
+    if args.smoke:
+        return int(SIZES["eval_limit"][1])
+    sized = min(FULL_EVAL_LIMIT, size(args, "draft_steps") // STEPS_PER_EVAL_PROMPT)
+    return max(sized, 1) if args.eval_every else sized
+
+
 def _acceptance(args: argparse.Namespace, target: Any, tok: Any) -> Any:
-    """The held-out acceptance evaluation as a callable on the draft model (None with --no-eval)."""
+    """The held-out acceptance evaluation as a callable on the draft model (None with --no-eval, or when
+    the run is too short for one: see :func:`eval_limit`)."""
     if args.no_eval:
+        return None
+    limit = eval_limit(args)
+    if limit == 0:
+        print(f"held-out evaluation: teacher-forced only for a {size(args, 'draft_steps')}-step run "
+              f"(--full-eval or --eval-limit N decodes held-out prompts)")
         return None
     from bastion.training.evaluate import AcceptanceEvalConfig, acceptance_eval
 
     budgets = parse_int_list(str(size(args, "eval_budgets")), what="--eval-budgets", low=1)
     cfg = AcceptanceEvalConfig(
         datasets=tuple(csv_list(args.eval_datasets)),
-        limit=size(args, "eval_limit"),
+        limit=limit,
         max_new_tokens=size(args, "eval_max_new_tokens"),
         budgets=budgets,
         data_dir=str(_data_dir(args)),

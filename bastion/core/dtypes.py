@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from attrs import frozen
@@ -19,6 +20,7 @@ __all__ = [
     "dtype_name",
     "fast_bfloat16",
     "parse_dtype",
+    "show_dtype_choices",
 ]
 
 log = logging.getLogger("bastion.dtype")
@@ -121,7 +123,17 @@ def auto_dtype(stored: Any, device: torch.device | str) -> AutoDtype:
     if parsed == torch.float16 and torch.device(device).type == "cpu":
         return AutoDtype(
             torch.float32,
-            "the checkpoint stores float16, which CPUs compute slowly; float32 holds its weights exactly "
-            "(name a dtype to override)",
+            "the checkpoint stores float16, which CPUs compute slowly; float32 holds its weights exactly; "
+            "name a dtype to override",
         )
     return AutoDtype(None, "the checkpoint's own dtype")
+
+
+def show_dtype_choices() -> None:
+    """Print the ``bastion.dtype`` lines (what dtype ``auto`` chose and why) on stderr, for command-line
+    tools; nothing changes when logging already has a handler for them."""
+    if not log.hasHandlers():
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
