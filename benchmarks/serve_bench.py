@@ -306,6 +306,7 @@ def plot(points: list[Point], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label in dict.fromkeys(p.server for p in points):
@@ -317,6 +318,8 @@ def plot(points: list[Point], path: Path) -> None:
             ax2.plot([x for x, _ in lat], [y for _, y in lat], marker="o", label=label)
     for ax, title, unit in ((ax1, "throughput", "completion tokens / s"), (ax2, "inter-token latency p50", "ms / token")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({p.concurrency for p in points}))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel(unit)
         ax.set_title(title)
