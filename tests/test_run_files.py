@@ -123,3 +123,54 @@ def test_error_rows_are_keyed_by_line_and_decoded_rows_by_id(tmp_path: Path) -> 
     write_rows_atomic(path, _rows(1))  # replaces, never appends
     assert list(read_rows(path).rows) == _rows(1)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_an_unterminated_last_line_that_is_json_but_no_row_is_refused_not_cut(tmp_path: Path) -> None:
+    path = tmp_path / "notes.jsonl"
+    path.write_text('{"note": 1}')
+    with pytest.raises(InvalidInputError, match=r"notes.jsonl line 1: not a bastion run output row"):
+        read_rows(path)
+    assert path.read_text() == '{"note": 1}'
+
+
+def test_a_whole_row_without_its_newline_is_torn_and_redone(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    rows = _rows(2)
+    path.write_text(_line(rows[0]) + json.dumps(rows[1]))  # the crash came before the newline
+    back = read_rows(path)
+    assert list(back.rows) == rows[:1] and path.read_text() == _line(rows[0])
+
+
+def test_a_raw_line_separator_inside_a_json_string_stays_one_line() -> None:
+    text = json.dumps({"id": 1, "prompt": "a\u2028b\u2029c\x85d\x0ce"}, ensure_ascii=False) + "\r\n" + _line({"prompt": "x"})
+    parsed = parse_input(text)
+    assert not parsed.errors
+    assert [(r.line, r.id, r.prompt) for r in parsed.rows] == [(1, 1, "a\u2028b\u2029c\x85d\x0ce"), (2, 2, "x")]
+
+
+def test_openai_batch_requests_parse_and_every_bad_request_names_its_field() -> None:
+    good = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 7, "seed": 3, "stop": "x"}}
+    lines = [
+        good,
+        {"custom_id": "b", "body": {"prompt": "raw text", "temperature": 0.5}},
+        {"custom_id": "c", "method": "GET", "url": "/v1/chat/completions", "body": {"messages": []}},
+        {"custom_id": "d", "url": "/v1/embeddings", "body": {"input": "x"}},
+        {"custom_id": "e", "body": {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {}}},
+        {"body": {"prompt": "no custom id"}},
+        {"custom_id": "a", "body": {"prompt": "duplicate"}},
+        {"custom_id": "f", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 0}},
+    ]  # fmt: skip
+    parsed = parse_input("".join(_line(o) for o in lines))
+    first, second = parsed.rows
+    assert first.id == "a" and first.openai is not None and first.openai.model == "m"
+    assert (first.settings.max_new_tokens, first.settings.seed, first.settings.stop) == (7, 3, ("x",))
+    assert second.prompt == "raw text" and second.raw is True and second.openai.url == "/v1/completions"
+    errors = {e.line: e.message for e in parsed.errors}
+    assert all(e.openai for e in parsed.errors)
+    assert "'method'" in errors[3]
+    assert "'url'" in errors[4]
+    assert "unknown body keys ['logit_bias']" in errors[5]
+    assert "'custom_id'" in errors[6]
+    assert "duplicate custom_id 'a' (first on line 1)" in errors[7]
+    assert "field 'max_tokens'" in errors[8]
