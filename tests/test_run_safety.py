@@ -213,3 +213,15 @@ def test_a_full_disk_is_a_bastion_error_naming_the_output(
     assert main(_args(pair, _prompts(tmp_path / "in.jsonl"), out)) == 2
     err = _err(capsys)
     assert f"{out}: cannot write it: No space left on device" in err
+
+
+def test_under_torchrun_a_foreign_output_stops_every_rank_with_one_message(pair: TinyPair, tmp_path: Path) -> None:
+    out = tmp_path / "notes.jsonl"
+    out.write_bytes(b'{"note":1}\n')
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "bastion",
+           *_args(pair, _prompts(tmp_path / "in.jsonl"), out)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0 and out.read_bytes() == b'{"note":1}\n'
+    assert proc.stderr.count("bastion: error:") == 1 and "no manifest" in proc.stderr
+    assert proc.stderr.count("exitcode  : 2") == 2  # both ranks exit with 2 (the launcher prints its own traceback)

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             summary = run_file(config, lambda: build_pipeline(args, device=ctx.device), ctx)
         except BastionError:
             if not ctx.is_main:  # every rank stops; rank 0 reports why
+                teardown(ctx)  # here an error is in flight: leave without the closing barrier, as rank 0 does
                 return 2
             raise
         if summary is not None:

@@ -144,9 +144,10 @@ def _on_main(ctx: DistContext, fn: Callable[[], T]) -> T:
         except BastionError as exc:
             error, outcome = exc, ("error", str(exc))
     outcome = broadcast_object(outcome, ctx)
-    if error is not None:
-        raise error
     if outcome[0] == "error":
+        barrier(ctx)  # every rank has the news before any leaves the group
+        if error is not None:
+            raise error
         raise InvalidInputError(f"rank 0 stopped the run: {outcome[1]}")
     return outcome[1]  # type: ignore[no-any-return]
 
@@ -163,6 +164,8 @@ def _on_every(ctx: DistContext, fn: Callable[[], T]) -> T:
     if ctx.distributed:
         reports = gather_objects(None if error is None else str(error), ctx)
         first = broadcast_object(next(((r, m) for r, m in enumerate(reports or []) if m is not None), None), ctx)
+        if first is not None:
+            barrier(ctx)  # every rank has the news before any leaves the group
         if error is None and first is not None:
             raise InvalidInputError(f"rank {first[0]} stopped the run: {first[1]}")
     if error is not None:
