@@ -197,11 +197,11 @@ def test_stop_strings_end_the_text_as_offline(pipe: Any, server: BastionServer) 
 
 
 def test_sixteen_concurrent_streams_each_equal_their_solo_output(pipe: Any, server: BastionServer) -> None:
-    wants = [offline(pipe, p, 8 + (i % 3) * 8) for i, p in enumerate(PROMPTS)]
+    wants = [offline(pipe, p, 8 + (i % 3) * 4) for i, p in enumerate(PROMPTS)]
     before = metric(server, "bastion_step_batch_size_sum")
 
     async def one(c: Any, i: int) -> str:
-        stream = await c.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=8 + (i % 3) * 8, temperature=0, stream=True)
+        stream = await c.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=8 + (i % 3) * 4, temperature=0, stream=True)
         return "".join([ch.choices[0].text async for ch in stream if ch.choices])
 
     async def all_at_once() -> list[str]:
@@ -218,19 +218,27 @@ def test_sixteen_concurrent_streams_each_equal_their_solo_output(pipe: Any, serv
 
 
 def test_a_request_joining_a_running_batch_equals_its_solo_output(pipe: Any, server: BastionServer) -> None:
-    long_want = offline(pipe, PROMPTS[5], 48)
+    long_want = offline(pipe, PROMPTS[5], 96, stop_on_eos=False)
     join_want = offline(pipe, PROMPTS[6], 12)
-    pipe.hooks.delay = 0.01
+
+    def shared_steps() -> float:  # steps that decoded two rows or more
+        return metric(server, "bastion_step_batch_size_count") - metric(server, "bastion_step_batch_size_bucket", le="1.0")
+
+    before = shared_steps()
+    pipe.hooks.delay = 0.05  # 96 tokens, at most 16 per step: the first request decodes for >= 0.3 s
     c = client(server)
-    stream = c.completions.create(model=MODEL, prompt=PROMPTS[5], max_tokens=48, temperature=0, stream=True)
+    stream = c.completions.create(model=MODEL, prompt=PROMPTS[5], max_tokens=96, temperature=0, stream=True,
+                                  extra_body={"ignore_eos": True})
     texts, joined = [], None
     for ch in stream:
         texts.extend(x.text for x in ch.choices)
-        if joined is None and len(texts) >= 3:
+        if joined is None and len(texts) >= 2:
             assert server.worker.open_requests == 1  # the first request is still decoding
             joined = c.completions.create(model=MODEL, prompt=PROMPTS[6], max_tokens=12, temperature=0)
+            pipe.hooks.delay = 0.0
     assert joined is not None and joined.choices[0].text == join_want.text
     assert "".join(texts) == long_want.text
+    assert shared_steps() > before  # the newcomer decoded in the same batch as the running request
 
 
 # ------------------------------------------------------------------------------------------ endpoints
@@ -334,7 +342,7 @@ def test_client_disconnect_mid_stream_frees_its_row(server: BastionServer) -> No
 
 def test_a_full_queue_gets_503_with_retry_after(pipe: Any, small_server: BastionServer) -> None:
     want = offline(pipe, PROMPTS[8], 8)
-    pipe.hooks.delay = 0.02
+    pipe.hooks.delay = 0.05  # the running request needs >= 1.25 s: it outlasts the next two requests' arrival
     c = client(small_server)
     running = c.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=400, temperature=0, stream=True,
                                    extra_body={"ignore_eos": True})
@@ -351,7 +359,7 @@ def test_a_full_queue_gets_503_with_retry_after(pipe: Any, small_server: Bastion
 
 def test_a_component_failing_mid_step_fails_only_that_steps_requests(pipe: Any, small_server: BastionServer) -> None:
     want = offline(pipe, PROMPTS[10], 12)
-    pipe.hooks.delay = 0.02
+    pipe.hooks.delay = 0.05
     c = client(small_server)
     doomed = c.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=400, temperature=0, stream=True,
                                   extra_body={"ignore_eos": True})
@@ -374,11 +382,11 @@ def test_a_component_failing_mid_step_fails_only_that_steps_requests(pipe: Any, 
 
 
 def test_a_drain_refuses_new_work_and_cancels_what_outlives_its_timeout(pipe: Any) -> None:
-    pipe.hooks.delay = 0.02
-    server = BastionServer(pipe, ServeSettings(port=0, drain_timeout=0.3)).start()
+    pipe.hooks.delay = 0.05  # >= 2.8 s for 900 tokens (at most 16 per step): longer than the drain timeout
+    server = BastionServer(pipe, ServeSettings(port=0, drain_timeout=1.5)).start()
     try:
         c = client(server)
-        long = c.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=600, temperature=0, stream=True,
+        long = c.completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=900, temperature=0, stream=True,
                                     extra_body={"ignore_eos": True})
         next(iter(long))
         server.request_drain()

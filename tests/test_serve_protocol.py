@@ -43,6 +43,7 @@ def test_completion_prompt_forms_text_ids_and_singleton_lists() -> None:
     assert parse_completion(_body(model="m", prompt=[[1, 2]])).prompt_value() == [1, 2]
     err = _bad(lambda raw: parse_completion(raw).prompt_value(), _body(model="m", prompt=["a", "b"]))
     assert err.param == "prompt"
+    assert _bad(lambda raw: parse_completion(raw).prompt_value(), _body(model="m", prompt=[])).code == "empty_prompt"
 
 
 def test_stop_accepts_a_string_or_a_list() -> None:

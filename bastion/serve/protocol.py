@@ -158,7 +158,9 @@ class CompletionRequest(_Sampling):
         p = self.prompt
         if isinstance(p, str):
             return p
-        if p and all(isinstance(x, int) for x in p):
+        if not p:
+            raise BadRequestError("prompt is empty: the prompt needs at least one token", param="prompt", code="empty_prompt")
+        if all(isinstance(x, int) for x in p):
             return list(p)  # type: ignore[arg-type]
         if len(p) != 1:
             raise BadRequestError(
