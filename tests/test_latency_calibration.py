@@ -84,11 +84,21 @@ def test_recency_weighting_follows_a_change_of_regime():
     rng = np.random.default_rng(4)
     model = make_model(half_life=32.0, refit_every=8)
     slower = RooflineParams(a_c=2.4, b_c=2.0e-3, a_m=1.7, b_m=3.0e-3)
+    grid_n = np.array([1, 4, 16, 64, 256, 1024])
     for params in (PLANTED, slower):
         n, c, t = planted_timings(rng, 240, params=params, outliers=0.03)
         for a, b, s in zip(n, c, t):
             model.observe(int(a), int(b), float(s))
-    assert_close(model.params, slower, rel=0.12)
+        for ctx in (128, 4096):  # the predictions (fit times load factor) follow the regime in force
+            truth = roofline_law(params, *ideal(grid_n, ctx))
+            got = model.predict_many(torch.from_numpy(grid_n), ctx).numpy()
+            assert np.max(np.abs(got - truth) / truth) < 0.12, (params, ctx)
+    plain = make_model(half_life=32.0, refit_every=8, shift_run=0)  # no load factor: the fit itself moves
+    for params in (PLANTED, slower):
+        n, c, t = planted_timings(rng, 240, params=params, outliers=0.03)
+        for a, b, s in zip(n, c, t):
+            plain.observe(int(a), int(b), float(s))
+    assert_close(plain.params, slower, rel=0.12)
 
 
 def test_few_observations_keep_the_prior_and_bad_timings_are_ignored():

@@ -83,14 +83,15 @@ def test_residual_survives_a_profile_round_trip(tmp_path):
 
 def test_repeated_predictions_follow_refits_contexts_and_sizes_exactly():
     """The per-step prediction reuses its lines in the context while sizes, parameters, residual table
-    and context bin stay the same; every answer still equals the roofline times the residual factor."""
+    and context bin stay the same; every answer still equals the roofline times the residual factor
+    times the load factor."""
     model = make_model()
     rng = np.random.default_rng(3)
     sizes = torch.arange(1, 65)
 
     def formula(n: torch.Tensor, c: int) -> np.ndarray:
         grid = n.numpy().astype(np.float64)
-        return model.roofline_seconds(grid, c) * model.residual.factor(grid, c)
+        return model.roofline_seconds(grid, c) * model.residual.factor(grid, c) * model.load
 
     seen = []
     for step in range(120):

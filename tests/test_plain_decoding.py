@@ -225,7 +225,8 @@ def test_a_verifier_whose_next_token_lies_outside_the_vocabulary_is_named_in_sin
     model = _model("qwen3")
     ctrl = BastionController(gate=dict(margin=math.inf, min_backoff=40, max_backoff=40))
     pipe = bastion.Pipeline(HFTarget(model), NoisyOracleDrafter(model, block_size=4, noise=0.6), budget_controller=ctrl,
-                            verifier=_counting_verifier(bad_token=model.config.vocab_size), max_nodes=8)
+                            verifier=_counting_verifier(bad_token=model.config.vocab_size), max_nodes=8,
+                            strict_verdicts=False)  # the verifier's own plain-step path (strict mode takes the verdict path)
     with pytest.raises(ComponentError, match="Counting.*outside|Counting.*vocabulary"):
         pipe.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=12, stop_on_eos=False)
     with pytest.raises(ComponentError, match="Counting.*vocabulary"):

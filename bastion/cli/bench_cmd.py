@@ -46,6 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="batched mode: run every method at each batch size (e.g. 1,2,4,8,16,32) with generate_batch; "
                         "writes batch_sizes.md/json and throughput/width plots")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--contention", default="none", metavar="KIND:WORKERS[@ON/OFF]",
+                   help="run a competing load beside the bench, started and stopped by it: torch:2@1.5/1 (matrix products "
+                        "on 2 threads, 1.5 s on, 1 s off), busy:1 (one spinning core), none (default)")
     p.add_argument("--quick", action="store_true", help="a short run: 3 prompts per dataset, 64 tokens, budgets 8,32")
     p.add_argument("--out", default="bench-results", help="output directory (default ./bench-results)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -144,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
     configure_output(args.verbose)
     if args.threads:
         torch.set_num_threads(args.threads)
+    from bastion.bench.contention import Contention, parse_contention
+
+    contention = Contention(parse_contention(args.contention))  # a bad spec fails before any model loads
     config = build_config(args)
     prompts = load_prompts(config)  # a missing data file fails before any model loads
     if config.repeats == 1:
@@ -151,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
               "for figures you report", file=sys.stderr)
     if args.batch_sizes:  # one process, one device: every method at every batch size
         target, drafter, tokenizer = load_pair(args)
-        return _run_batch_sizes(args, config, target, drafter, tokenizer)
+        with contention:
+            return _run_batch_sizes(args, config, target, drafter, tokenizer)
     ctx = setup(args.device)  # under torchrun: one share of the prompts per rank, pooled on rank 0
     try:
         if args.drafters:
@@ -169,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
             config = attrs.evolve(config, methods=family_methods(config.methods, drafter, accepts))
         else:
             target, drafter, tokenizer = load_pair(args, device=ctx.device)
+        contention.start()
         if args.temperatures:
             from bastion.bench.runner import run_bench_temperatures
 
@@ -178,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             result = run_bench(config, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx, prompts=prompts)
     finally:
+        contention.stop()
         teardown(ctx)
     if args.temperatures:
         if runs is None:  # not rank 0

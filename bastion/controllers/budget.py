@@ -34,13 +34,13 @@ from bastion.controllers.gate import SpeculationGate
 from bastion.core.checks import check_int, check_number, options_object, predict_batch_checked, predict_checked
 from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import BatchStepCosts, BudgetController, BudgetDecision, LatencyModel
-from bastion.core.running import running_mean
+from bastion.core.running import RobustLevel
 from bastion.core.types import SamplingConfig, SpeedupEstimator, StepFeedback
 
 __all__ = ["BastionController", "BastionDecision", "FixedController", "batch_accept_curve"]
 
-#: weight of the newest plain step in the running mean of a plain step's non-verify seconds
-_PLAIN_OVERHEAD_EMA = 0.2
+#: a step measured this many times slower than its prediction ran beside a burst of foreign load
+_BURST_RATIO = 1.5
 #: weight of the newest speculative batched step in the running per-row acceptance curve
 _ROW_CURVE_EMA = 0.5
 
@@ -112,13 +112,25 @@ class BastionController(BudgetController):
         self.calibrator: AcceptanceCalibrator | None = options_object("calibration", calibration, AcceptanceCalibrator)
         self.gate: SpeculationGate | None = options_object("gate", gate, SpeculationGate)
         self._key: SamplingKey = sampling_key(SamplingConfig())
-        self.plain_overhead_s = 0.0  # running mean of a plain step's non-verify seconds (0 until one is seen)
-        self.plain_step_s = 0.0  # running mean of a plain step's seconds (0 until one is seen)
+        self._predicted_cost_s = 0.0  # the last decision's predicted step seconds (0: none yet)
+        self._miss = RobustLevel(tolerance=_BURST_RATIO - 1.0)  # recent measured / predicted step seconds
+        self._plain_overhead = RobustLevel()  # a plain step's non-verify seconds
+        self._plain_step = RobustLevel()  # a plain step's seconds
         #: batches: the mean per-row calibrated acceptance curve of recent speculative steps, [n_top]
         #: (entry W - 1: tokens per row at width W), the prediction a plain step's probe decision uses
         self.row_curve: np.ndarray | None = None
         self._batch_plain_s: float | None = None  # this batched step's plain-step seconds (speculate_batch)
         self._probe_rows: int | None = None  # rows of the batch's last speculative step
+
+    @property
+    def plain_overhead_s(self) -> float:
+        """A plain step's non-verify seconds: robust level of recent plain steps (0 until one is seen)."""
+        return self._plain_overhead.value
+
+    @property
+    def plain_step_s(self) -> float:
+        """A plain step's seconds: robust level of recent plain steps (0 until one is seen)."""
+        return self._plain_step.value
 
     def use_buckets(self, buckets: Iterable[int] | None) -> None:
         """Restrict n to ``buckets`` from now on (None: every size), e.g. the sizes the compiled verify
@@ -219,12 +231,21 @@ class BastionController(BudgetController):
         if not outcome.drafted and outcome.batch_size > 1:
             return  # a batch's plain-step cost comes with each step (speculate_batch), per batch size
         if not outcome.drafted:
-            self.plain_overhead_s = running_mean(self.plain_overhead_s, _check_overhead(outcome.overhead_s), _PLAIN_OVERHEAD_EMA)
-            self.plain_step_s = running_mean(self.plain_step_s, outcome.verify_s + outcome.overhead_s, _PLAIN_OVERHEAD_EMA)
+            self._plain_overhead.observe(_check_overhead(outcome.overhead_s))
+            self._plain_step.observe(outcome.verify_s + outcome.overhead_s)
             return
-        if self.gate is not None and self.plain_step_s and outcome.batch_size == 1:
+        measured = outcome.verify_s + outcome.overhead_s
+        # a step far slower against its prediction than recent steps were ran beside a burst of foreign
+        # load: its cost is not the evidence a step under steady load is, so it does not raise the cap
+        calm = True
+        if self._predicted_cost_s > 0:
+            miss = measured / self._predicted_cost_s
+            typical = self._miss.value if len(self._miss._samples) >= 3 else miss
+            self._miss.observe(miss)
+            calm = miss <= _BURST_RATIO * typical
+        if self.gate is not None and self.plain_step_s and outcome.batch_size == 1 and calm:
             # a probe that did not pay: its seconds beyond the plain steps it replaced set the gate's cap
-            self.gate.observe_probe_cost((outcome.verify_s + outcome.overhead_s) / self.plain_step_s - (outcome.accepted + 1))
+            self.gate.observe_probe_cost(measured / self.plain_step_s - (outcome.accepted + 1))
         if self.calibrator is None:
             return
         scores = outcome.log_scores.tolist()  # [n], root first
@@ -306,6 +327,7 @@ class BastionController(BudgetController):
         gain = speedup / plain if n > 1 else 0.0
         if self.gate is not None:
             self.gate.update(gain)
+        self._predicted_cost_s = overhead + t_verify[k + 1]
         return BudgetDecision(
             n,
             speedup,

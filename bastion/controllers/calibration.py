@@ -110,6 +110,8 @@ class _Table:
         self.score = [0.0] * bins  # [B] sum of raw rho
         self.rates: _Map | None = None  # the fitted map, None before any node was seen
         self.steps = 0
+        self.recent: list[tuple[float, float]] = []  # last steps' (accepted - predicted, predicted variance)
+        self.shifts = 0  # workload shifts detected (the table then forgot most of its past)
 
 
 class AcceptanceCalibrator:
@@ -125,6 +127,11 @@ class AcceptanceCalibrator:
         Steps after which an observation counts half (recency weighting).
     prior_weight:
         Pseudo-nodes per bin at the raw score (how much data it takes to move away from the surrogate).
+    shift_window, shift_sigmas, shift_keep:
+        Workload shifts: when the accepted nodes of the last ``shift_window`` steps depart from the
+        table's prediction by more than ``shift_sigmas`` standard deviations (plus one node), the table
+        keeps only ``shift_keep`` of its past weight, so it follows the new acceptance within about
+        ``shift_window`` + a few steps (``shift_window=0``: only the half-life forgets).
 
     The per-step work (:meth:`observe`, :meth:`calibrate_values`) runs on plain Python floats: a step
     touches at most a few dozen nodes and bins, where each NumPy call costs more than its arithmetic
@@ -138,6 +145,9 @@ class AcceptanceCalibrator:
         logit_range: tuple[float, float] = (-12.0, 6.0),
         half_life: float = 128.0,
         prior_weight: float = 2.0,
+        shift_window: int = 8,
+        shift_sigmas: float = 3.0,
+        shift_keep: float = 0.1,
     ) -> None:
         bins = check_int("bins", bins, low=2)
         lo, hi = (check_number("logit_range", x, low=-math.inf) for x in logit_range)
@@ -145,6 +155,9 @@ class AcceptanceCalibrator:
             raise InvalidInputError(f"logit_range must be two finite numbers, low < high, got {logit_range!r}")
         half_life = check_number("half_life", half_life, strict=True)
         prior_weight = check_number("prior_weight", prior_weight, strict=True)
+        self.shift_window = check_int("shift_window", shift_window, low=0)  # 0: never detect a shift
+        self.shift_sigmas = check_number("shift_sigmas", shift_sigmas, strict=True)
+        self.shift_keep = check_number("shift_keep", shift_keep, low=0.0)
         self.bins = bins
         self.logit_range = (float(lo), float(hi))
         self.half_life = float(half_life)
@@ -199,6 +212,8 @@ class AcceptanceCalibrator:
         if table is None:
             table = self._tables[key] = _Table(self.bins)
         decay = self._decay
+        if self.shift_window and table.rates is not None and log_scores:
+            decay *= self._shift_factor(table, log_scores, accepted, key)
         count = table.count = [c * decay for c in table.count]
         hits = table.hits = [h * decay for h in table.hits]
         score = table.score = [x * decay for x in table.score]
@@ -214,6 +229,32 @@ class AcceptanceCalibrator:
             if hit:
                 hits[i] += 1.0
         table.rates = self._fit(table)
+
+    def _shift_factor(self, table: _Table, log_scores: Sequence[float], accepted: Sequence[bool], key: SamplingKey) -> float:
+        """1.0, or ``shift_keep`` when the acceptance of the last ``shift_window`` steps departs from what
+        the table predicts by more than ``shift_sigmas`` standard deviations (the workload changed: a
+        new prompt domain, a chat template or none): the table then forgets most of its past at once and
+        learns the new acceptance within a few steps, instead of over its half-life."""
+        rates = self.calibrate_values(log_scores, key)
+        predicted = math.fsum(rates)
+        variance = math.fsum(g * (1.0 - g) for g in rates)
+        table.recent.append((float(sum(bool(a) for a in accepted)) - predicted, variance))
+        if len(table.recent) > self.shift_window:
+            del table.recent[0]
+        if len(table.recent) < self.shift_window:
+            return 1.0
+        gap = math.fsum(r for r, _ in table.recent)
+        spread = math.sqrt(math.fsum(v for _, v in table.recent)) + 1.0
+        if abs(gap) <= self.shift_sigmas * spread:
+            return 1.0
+        table.recent = []
+        table.shifts += 1
+        return self.shift_keep
+
+    def shifts(self, key: SamplingKey) -> int:
+        """Workload shifts detected for a sampling setting."""
+        t = self._tables.get(key)
+        return 0 if t is None else t.shifts
 
     def table(self, key: SamplingKey) -> CalibrationTable | None:
         """The current mapping for a sampling setting (None before its first observed step)."""

@@ -15,24 +15,32 @@ from __future__ import annotations
 import numpy as np
 
 from bastion.core.checks import check_int, check_number
-from bastion.core.running import running_mean
+from bastion.core.running import RobustLevel
 
 __all__ = ["CostBySize", "BatchCosts"]
 
 
 class CostBySize:
-    """Running mean seconds per batch size; unseen sizes from a non-negative linear fit (module doc)."""
+    """Robust running seconds per batch size (:class:`~bastion.core.running.RobustLevel`: a burst of
+    foreign load does not move it, a lasting change takes over within a few steps); unseen sizes from a
+    non-negative linear fit (module doc). ``weight`` is kept for compatibility."""
 
     def __init__(self, weight: float = 0.2) -> None:
         self.weight = check_number("weight", weight, strict=True)
+        self._levels: dict[int, RobustLevel] = {}
         self._means: dict[int, float] = {}
         self._line: tuple[float, float] | None = None  # the fit through _means, until the next observation
 
     def observe(self, batch_size: int, seconds: float) -> None:
         b = check_int("batch_size", batch_size)
         s = check_number("seconds", seconds)
-        self._means[b] = running_mean(self._means.get(b, 0.0), s, self.weight)
-        self._line = None
+        level = self._levels.get(b)
+        if level is None:
+            level = self._levels[b] = RobustLevel()
+        level.observe(s)
+        if self._means.get(b) != level.value:
+            self._means[b] = level.value
+            self._line = None
 
     @property
     def sizes(self) -> tuple[int, ...]:

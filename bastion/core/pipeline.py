@@ -36,7 +36,7 @@ from bastion.core.interfaces import (
     Verifier,
 )
 from bastion.core.registry import Registry, registry as default_registry
-from bastion.core.running import running_mean
+from bastion.core.running import RobustLevel
 from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens, seeded_generator
 from bastion.core.sync import device_sync, to_device
 from bastion.core.target import Target
@@ -62,8 +62,6 @@ __all__ = ["BatchTextStream", "GenerationConfig", "Pipeline", "Prompt", "Samplin
 #: mapping / ``BatchEncoding`` with ``input_ids`` (and ``attention_mask``), text, or chat messages
 Prompt = Any
 
-#: weight of the newest step in the running mean of per-step non-verify overhead
-_OVERHEAD_EMA = 0.2
 
 #: during a run of plain steps, one step in this many is reported to the latency model and the budget
 #: controller (the steps are all alike: n = 1, no draft; every report costs a little bookkeeping and,
@@ -156,8 +154,9 @@ class Pipeline:
         self._batch_costs = BatchCosts()  # batched steps' measured non-verify seconds, per batch size
         if self.drafter.proposes is not None:  # a declared proposal kind is checked now, else at the first step
             check_pairing(self.tree_builder, self.drafter.proposes, self.drafter)
-        self._other_s = 0.0  # running non-draft, non-verify seconds of a speculative step (0: none yet)
-        self._seconds_per_token = 0.0  # running seconds per committed token of a speculative step (0: none yet)
+        self._other = RobustLevel()  # non-draft, non-verify seconds of a speculative step
+        self._per_token = RobustLevel()  # seconds per committed token of a speculative step
+        self._draft = RobustLevel()  # a block drafter's seconds per proposal
         self._lent_buckets = False  # compile_verify gave the controller the compiled path's buckets
         #: held by the one generation decoding on the target's and drafter's own single-sequence state;
         #: a generation that finds it taken decodes on an engine batch of its own instead
@@ -793,9 +792,9 @@ class Pipeline:
                 temperature=draft_temperature,
                 max_depth=max_depth,
                 max_nodes=self.max_nodes,
-                seconds_per_token=self._seconds_per_token or None,
+                seconds_per_token=self._per_token.value or None,
                 # the controller's own objective: an autoregressive drafter expands while it rises
-                estimate_speedup=self.budget_controller.speedup_estimator(ctx, self.latency_model, self._other_s),
+                estimate_speedup=self.budget_controller.speedup_estimator(ctx, self.latency_model, self._other.value),
             )
         )
         proposal = self._fit_proposal(proposal, root, max_depth)
@@ -805,9 +804,14 @@ class Pipeline:
             _validate_built(tree, root, self.target.vocab_size, self.max_nodes)
         t2 = time.perf_counter()
         scores = tree.log_scores_cpu()  # [n_max] from the builder's host copy: no device read
-        # the controller sees this step's real drafting cost (flat for block drafters, growing with
-        # depth for autoregressive ones) plus the usual other overhead
-        overhead = (t1 - t0) + self._other_s
+        # the controller sees this step's drafting cost (growing with depth for autoregressive drafters,
+        # as measured; flat for block drafters, so their robust level: a burst of foreign load during one
+        # draft does not make drafting look expensive) plus the usual other overhead
+        draft_s = t1 - t0
+        if isinstance(proposal, Marginals):
+            self._draft.observe(draft_s)
+            draft_s = self._draft.value
+        overhead = draft_s + self._other.value
         decision = self.budget_controller.decide(scores, ctx, self.latency_model, overhead)
         n = _checked_size(self.budget_controller, decision, len(tree))
         tree = tree.truncate(n)
@@ -838,9 +842,9 @@ class Pipeline:
             )
         )
         # the controller's overhead is a speculative step's: plain steps do not dilute it
-        self._other_s = running_mean(self._other_s, non_verify - (t1 - t0), _OVERHEAD_EMA)
+        self._other.observe(non_verify - (t1 - t0))
         t7 = time.perf_counter()
-        self._seconds_per_token = running_mean(self._seconds_per_token, (t7 - t0) / (verdict.num_accepted + 1), _OVERHEAD_EMA)
+        self._per_token.observe((t7 - t0) / (verdict.num_accepted + 1))
         record = StepRecord(
             budget=n,
             accepted=verdict.num_accepted,

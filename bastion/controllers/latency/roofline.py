@@ -29,6 +29,7 @@ from bastion.core.checks import check_int, check_number
 from bastion.core.errors import InvalidInputError
 from bastion.core.files import warn_cache
 from bastion.core.interfaces import LatencyModel
+from bastion.core.running import RobustLevel
 
 if TYPE_CHECKING:
     from bastion.core.target import Target
@@ -64,7 +65,11 @@ class RooflineLatency(LatencyModel):
     the user cache's profile file; a path; or ``None`` to ignore saved profiles), ``half_life``
     (observations after which an old timing counts half), ``window`` (timings kept), ``refit_every``,
     ``min_observations`` (timings before the first fit), ``online`` (False: never refit), ``residual``
-    (learn the correction table over (n, context) on top of the roofline; default True).
+    (learn the correction table over (n, context) on top of the roofline; default True),
+    ``shift_ratio`` / ``shift_run`` (robustness: predictions are the fit times a load factor, the robust
+    level of recent measured / modelled times; a timing more than ``shift_ratio`` off it is held out of
+    the fit unless ``shift_run`` in a row are, which is a lasting change the load follows; ``shift_run=0``
+    fits every timing as it comes).
     """
 
     def __init__(
@@ -85,6 +90,8 @@ class RooflineLatency(LatencyModel):
         min_observations: int = 6,
         online: bool = True,
         residual: bool = True,
+        shift_ratio: float = 1.5,
+        shift_run: int = 4,
     ) -> None:
         check_number("half_life", half_life, strict=True)
         for name, value in (("window", window), ("refit_every", refit_every), ("min_observations", min_observations)):
@@ -92,6 +99,10 @@ class RooflineLatency(LatencyModel):
         if window < min_observations:
             raise InvalidInputError(f"window ({window}) must be >= min_observations ({min_observations})")
         self.half_life = float(half_life)
+        if not (check_number("shift_ratio", shift_ratio, strict=True) > 1.0):
+            raise InvalidInputError(f"shift_ratio must be > 1, got {shift_ratio!r}")
+        self.shift_ratio = float(shift_ratio)
+        self.shift_run = check_int("shift_run", shift_run, low=0)  # 0: every timing enters the fit
         self.refit_every = refit_every
         self.min_observations = min_observations
         self.online = online
@@ -155,6 +166,12 @@ class RooflineLatency(LatencyModel):
         self._seq = np.zeros(self._window)
         self._n = np.zeros(self._window)  # verified tokens per observation (residual grid)
         self._c = np.zeros(self._window)  # context length per observation (residual grid)
+        self._w = np.ones(self._window)  # per-observation weight: 0 held out (an isolated outlier)
+        self._l = np.ones(self._window)  # the load factor each timing ran under
+        self._cells: dict[tuple[int, int], RobustLevel] = {}  # recent measured / modelled per (size, context) cell
+        self._load = RobustLevel(run=max(1, self.shift_run), tolerance=self.shift_ratio - 1.0)  # measured / modelled
+        self.shifts = 0  # lasting changes detected
+        self.held_out = 0  # isolated outliers kept out of the fit
         self.residual = ResidualTable()
         if saved is not None and self.use_residual and saved.get("residual") is not None:
             self.residual = ResidualTable.from_dict(saved["residual"])
@@ -229,7 +246,7 @@ class RooflineLatency(LatencyModel):
         ``B * W`` tokens after the longest context."""
         w = widths.detach().cpu().numpy().astype(np.float64)
         x_c, x_m = self.ideal_batch_times(w, context_lens)
-        base = self.params.predict(x_c, x_m)
+        base = self.params.predict(x_c, x_m) * self.load
         if not self.use_residual:
             return torch.from_numpy(base)
         return torch.from_numpy(base * self.residual.factor(w * len(context_lens), max(context_lens)))
@@ -243,15 +260,16 @@ class RooflineLatency(LatencyModel):
     def predict(self, n_tokens: int, context_len: int) -> float:
         self._require_bound()
         p_c, q_c, p_m, q_m = self._lines(np.array([n_tokens], dtype=np.float64), context_len)
-        return float(max(p_c[0] + context_len * q_c[0], p_m[0] + context_len * q_m[0]))
+        return float(max(p_c[0] + context_len * q_c[0], p_m[0] + context_len * q_m[0])) * self.load
 
     def predict_many(self, n_tokens: torch.Tensor, context_len: int) -> torch.Tensor:
         """``n_tokens`` LongTensor[N] -> FloatTensor[N] (float64, CPU) seconds."""
         self._require_bound()
         c = float(context_len)
+        load = self.load
         lines = zip(*self._cached_lines(n_tokens, context_len))
         # the larger branch (a NaN in either propagates, as np.maximum would); floats, not NumPy: see _cached_lines
-        seconds = [x if x > y or x != x else y for x, y in ((pc + c * qc, pm + c * qm) for pc, qc, pm, qm in lines)]
+        seconds = [(x if x > y or x != x else y) * load for x, y in ((pc + c * qc, pm + c * qm) for pc, qc, pm, qm in lines)]
         return torch.tensor(seconds, dtype=torch.float64)
 
     # ------------------------------------------------------------------ online calibration
@@ -265,11 +283,56 @@ class RooflineLatency(LatencyModel):
         x_c, x_m = self.ideal_times(float(n_tokens), context_len)
         self._record(float(x_c), float(x_m), float(seconds), n_tokens, context_len)
 
+    @property
+    def load(self) -> float:
+        """The current load factor: recent measured / modelled verify time (1 before any timing). The
+        fit describes the machine's shape; the load its present speed (a neighbour's work, a clock)."""
+        return self._load.value if self._load else 1.0
+
+    def _base(self, x_c: float, x_m: float, n_tokens: int, context_len: int) -> float:
+        """The fitted model's seconds for one timing's ideal times, without the load factor."""
+        p = self.params
+        seconds = max(p.a_c * x_c + p.b_c, p.a_m * x_m + p.b_m)
+        if self.use_residual:
+            seconds *= float(self.residual.factor(np.array([float(n_tokens)]), context_len)[0])
+        return seconds
+
     def _record(self, x_c: float, x_m: float, seconds: float, n_tokens: int, context_len: int) -> None:
-        """Store one timing with its ideal times and its residual-grid key (tokens, context)."""
+        """Store one timing with its ideal times, its residual-grid key (tokens, context) and the load
+        it ran under.
+
+        The load factor is a robust level (:class:`~bastion.core.running.RobustLevel`) of measured /
+        modelled time: the median of recent timings, so a burst of foreign load does not move it, and a
+        run of ``shift_run`` timings more than ``shift_ratio`` off it on one side (a lasting change)
+        restarts it from that run. A timing that far off the load while no change is under way is held
+        out of the fit; the fit itself learns from load-normalised timings, so the machine's shape
+        stays what calm timings say while predictions follow the load."""
+        if self._count >= self.min_observations and self.shift_run > 0:
+            ratio = seconds / max(self._base(x_c, x_m, n_tokens, context_len), 1e-12)
+            before = self.load
+            shifted = self._load.observe(ratio)
+            # the cell's own recent timings: a size the fit gets wrong is wrong every time (structure the
+            # fit must learn), a burst is off against those timings too
+            cell_key = (int(n_tokens).bit_length(), self.residual.context_bin(context_len))
+            cell = self._cells.get(cell_key)
+            if cell is None:
+                cell = self._cells[cell_key] = RobustLevel(window=5, run=3, tolerance=self.shift_ratio - 1.0)
+            known = len(cell._samples) >= 3
+            cell_before = cell.value
+            cell.observe(ratio)
+            off = ratio > before * self.shift_ratio or ratio * self.shift_ratio < before
+            off_cell = known and (ratio > cell_before * self.shift_ratio or ratio * self.shift_ratio < cell_before)
+            held = off and off_cell and not shifted and self._load.streak > 0  # isolated (so far): out of the fit
+            if shifted:
+                self.shifts += 1
+        else:
+            held = False
         i = self._count % self._t.size
         self._x_c[i], self._x_m[i], self._t[i], self._seq[i] = x_c, x_m, seconds, self._count
         self._n[i], self._c[i] = n_tokens, context_len
+        self._w[i] = 0.0 if held else 1.0
+        self._l[i] = self.load
+        self.held_out += int(held)
         self._count += 1
         if self.online and self._due(self._count):
             self.refit()
@@ -289,11 +352,14 @@ class RooflineLatency(LatencyModel):
         if k < self.min_observations:
             return None
         age = (self._count - 1) - self._seq[:k]
-        weights = np.exp2(-age / self.half_life)
+        weights = np.exp2(-age / self.half_life) * self._w[:k]
+        if not np.any(weights > 0):
+            return None
+        t_norm = self._t[:k] / self._l[:k]  # [k] what each timing would have been at load 1
         fit = fit_roofline(
             self._x_c[:k],
             self._x_m[:k],
-            self._t[:k],
+            t_norm,
             weights,
             prior=self.prior,
             init=self.params,
@@ -303,8 +369,21 @@ class RooflineLatency(LatencyModel):
         self.last_fit = fit
         if self.use_residual:  # what the two lines leave over, on the same recency weights
             base = self.params.predict(self._x_c[:k], self._x_m[:k])
-            self.residual.fit(self._n[:k], self._c[:k], np.log(self._t[:k] / base), weights)
+            self.residual.fit(self._n[:k], self._c[:k], np.log(t_norm / base), weights)
+        if self.shift_run > 0:
+            self._relevel(k)
         return fit
+
+    def _relevel(self, k: int) -> None:
+        """Re-read the load factor from the latest timings against the new fit (its scale may have
+        moved), keeping the held-out ones out."""
+        order = np.argsort(self._seq[:k])[-self._load.window :]  # [<= window] the latest timings, oldest first
+        level = RobustLevel(run=self._load.run, tolerance=self._load.tolerance)
+        for i in order:
+            if self._w[i] > 0:
+                level.observe(self._t[i] / max(self._base(self._x_c[i], self._x_m[i], int(self._n[i]), int(self._c[i])), 1e-12))
+        if level:
+            self._load = level
 
     def warmup(
         self, measure: Callable[[int, int], float], sizes: Iterable[int] = (1, 4, 16, 64), context_lens: Iterable[int] = (0,)
@@ -328,8 +407,10 @@ class RooflineLatency(LatencyModel):
         assert self.cost is not None
         target = Path(path) if path is not None else (self.profile_path or default_profile_path())
         fit = self.last_fit
+        load = self.load  # folded into the lines (both scale with it), so the saved profile predicts what this model does
+        p = self.params
         entry = {
-            "params": self.params.as_dict(),
+            "params": RooflineParams(p.a_c * load, p.b_c * load, p.a_m * load, p.b_m * load).as_dict(),
             "peaks": {"flops_per_s": self.peaks.flops_per_s, "bytes_per_s": self.peaks.bytes_per_s, "source": self.peaks.source},
             "fit": None if fit is None else {"median_rel_error": fit.median_rel_error, "n_points": fit.n_points},
             "residual": self.residual.to_dict() if self.use_residual else None,
