@@ -296,7 +296,9 @@ def _edit(folder: Path, *, config=None, tensors=None) -> Path:
 @pytest.mark.parametrize("layout", ["safeailab", "vllm"])
 def test_both_weight_layouts_load_and_draft_the_same_tree(tmp_path, layout):
     folder = _save(tmp_path, layout=layout)
-    names = set(__import__("safetensors.torch", fromlist=["load_file"]).load_file(str(folder / "model.safetensors")))
+    from safetensors.torch import load_file
+
+    names = set(load_file(str(folder / "model.safetensors")))
     assert ("layers.0.self_attn.q_proj.weight" in names and "draft_id_to_target_id" in names) == (layout == "vllm")
     assert bastion.registry.drafter_for_checkpoint(str(folder)) == "eagle3"
     target = HFTarget(_target())
