@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bastion.core.errors import InvalidInputError
-from bastion.run.inputs import InputRow, RowError, parse_input
+from bastion.run.inputs import InputRow, RowError
+from bastion.run.parse import parse_input
 from bastion.run.journal import RowWriter, read_rows, row_key, write_rows_atomic
 
 ids = st.one_of(st.integers(-5, 30), st.text("abc", min_size=1, max_size=3))

@@ -13,25 +13,16 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
+from bastion.bench.methods import ADAPTIVE, AR, FAMILY_SEP as _SEP, split_family
 from bastion.bench.metrics import DatasetSummary, MethodStats, summarize
 from bastion.core.errors import InvalidInputError
 
 __all__ = ["split_family", "family_methods", "family_summaries", "families_table"]
 
-_SEP = ":"
-
-
-def split_family(name: str) -> tuple[str, str | None]:
-    """``"chain:model"`` -> ``("chain", "model")``; a name without a family -> ``(name, None)``."""
-    base, sep, family = name.rpartition(_SEP)
-    return (base, family) if sep and base and family else (name, None)
-
 
 def family_methods(methods: Sequence[str], drafters: Mapping[str, Any], accepts: Mapping[str, frozenset[str]]) -> tuple[str, ...]:
     """Every method of ``methods`` once per drafter family (``ar`` once), skipping builder / drafter
     pairings the builder declines. ``accepts`` maps a tree builder name to the proposal kinds it takes."""
-    from bastion.bench.methods import ADAPTIVE, AR
-
     out: list[str] = []
     for m in methods:
         if m == AR:

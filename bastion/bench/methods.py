@@ -45,6 +45,14 @@ __all__ = [
 
 AR = "ar"
 ADAPTIVE = "bastion"
+#: separates a method from its drafter family in a method name (``chain:model``)
+FAMILY_SEP = ":"
+
+
+def split_family(name: str) -> tuple[str, str | None]:
+    """``"chain:model"`` -> ``("chain", "model")``; a name without a family -> ``(name, None)``."""
+    base, sep, family = name.rpartition(FAMILY_SEP)
+    return (base, family) if sep and base and family else (name, None)
 
 #: node cap for builders whose size is set by their own shape (chain, static)
 _UNBOUNDED_NODES = 4096
@@ -87,8 +95,6 @@ def parse_method(
     copts = controller_options or {}
     if not name:
         raise InvalidInputError("empty method name")
-    from bastion.bench.families import split_family
-
     base, family = split_family(name)
     if family is not None:  # METHOD:FAMILY runs METHOD with that drafter family
         spec = parse_method(base, max_nodes=max_nodes, tree_options=tree_options, controller_options=controller_options,

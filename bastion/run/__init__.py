@@ -6,7 +6,8 @@
 - :mod:`bastion.run.runner`: shards, decoding in batches, resume, the merge on rank 0
 """
 
-from bastion.run.inputs import InputRow, ParsedInput, RowError, parse_input
+from bastion.run.inputs import InputRow, ParsedInput, RowError
+from bastion.run.parse import parse_input
 from bastion.run.runner import RunConfig, RunSummary, part_path, run_prompts
 
 __all__ = ["InputRow", "ParsedInput", "RowError", "parse_input", "RunConfig", "RunSummary", "part_path", "run_prompts"]

@@ -6,7 +6,7 @@ Each non-blank line is one JSON object, in either of two formats:
   per-row settings (:mod:`bastion.run.settings`); ``id`` defaults to the line number;
 - an OpenAI batch request: ``{"custom_id": ..., "method": "POST", "url": "/v1/chat/completions",
   "body": {"messages": [...], ...}}`` (or ``"/v1/completions"`` with a ``prompt``), see
-  :mod:`bastion.run.openai`.
+  :mod:`bastion.run.openai`; :func:`bastion.run.parse.parse_input` reads a file of either.
 
 Lines are split at ``\\n`` only (a JSON string may hold a raw U+2028 or other line separators that
 ``str.splitlines`` would cut at). Every problem is reported with its 1-based line number; a row with a
@@ -24,7 +24,7 @@ from attrs import field, frozen
 from bastion.core.errors import InvalidInputError
 from bastion.run.settings import SETTING_KEYS, RowSettings, parse_settings
 
-__all__ = ["InputRow", "RowError", "ParsedInput", "parse_input", "id_key", "check_messages", "split_lines"]
+__all__ = ["InputRow", "RowError", "ParsedInput", "bastion_row", "id_key", "check_messages", "split_lines"]
 
 _KNOWN_KEYS = frozenset({"id", "prompt", "messages"} | SETTING_KEYS)
 
@@ -134,7 +134,7 @@ def check_messages(messages: Any) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
-def _bastion_row(line: int, obj: dict[str, Any]) -> InputRow | RowError:
+def bastion_row(line: int, obj: dict[str, Any]) -> InputRow | RowError:
     rid = obj.get("id", line)
     if not _valid_id(rid):
         return RowError(line, f"'id' must be a non-empty string or an integer, got {rid!r}")
@@ -154,16 +154,6 @@ def _bastion_row(line: int, obj: dict[str, Any]) -> InputRow | RowError:
     return InputRow(line=line, id=rid, prompt=obj.get("prompt"), messages=messages, settings=settings)
 
 
-def _row(line: int, obj: Any) -> InputRow | RowError:
-    if not isinstance(obj, dict):
-        return RowError(line, f"expected a JSON object, got {type(obj).__name__}")
-    from bastion.run.openai import is_request, parse_request
-
-    if is_request(obj):
-        return parse_request(line, obj)
-    return _bastion_row(line, obj)
-
-
 def split_lines(text: str) -> list[str]:
     """The lines of JSON Lines ``text``: split at ``\\n`` only (``\\r\\n`` ends work too), never at the
     other separators ``str.splitlines`` knows (U+2028, U+0085, ...), which JSON strings may hold raw."""
@@ -171,29 +161,3 @@ def split_lines(text: str) -> list[str]:
     if lines and lines[-1] == "":
         lines.pop()
     return lines
-
-
-def parse_input(text: str) -> ParsedInput:
-    """Parse JSON Lines ``text``: one item per non-blank line. Malformed JSON, wrong types, bad settings
-    and duplicate ids become :class:`RowError` s (a duplicate keeps its first occurrence as the valid
-    row; a row without ``id`` has its line number as id)."""
-    items: list[InputRow | RowError] = []
-    first_line: dict[str, int] = {}
-    for line_no, raw in enumerate(split_lines(text), start=1):
-        if not raw.strip(" \t\r"):
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            items.append(RowError(line_no, f"malformed JSON: {exc.msg} (column {exc.colno})"))
-            continue
-        item = _row(line_no, obj)
-        if isinstance(item, InputRow):
-            seen = first_line.get(item.key)
-            if seen is not None:
-                name = "id" if item.openai is None else "custom_id"
-                item = RowError(line_no, f"duplicate {name} {item.id!r} (first on line {seen})", item.id, item.openai is not None)
-            else:
-                first_line[item.key] = line_no
-        items.append(item)
-    return ParsedInput(items)

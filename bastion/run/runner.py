@@ -28,7 +28,8 @@ from bastion.core.types import SamplingConfig
 from bastion.distributed import DistContext, barrier, broadcast_object, gather_objects
 from bastion.run.decode import Progress, RankStats, decode_work
 from bastion.run.encode import EncodedRow, encode_rows
-from bastion.run.inputs import InputRow, RowError, parse_input
+from bastion.run.inputs import InputRow, RowError
+from bastion.run.parse import parse_input
 from bastion.run.journal import ResultRow, RowWriter, item_key, read_rows, row_key, write_rows_atomic
 from bastion.run.manifest import Manifest, OutputLock, check_paths, holder_now, input_digest, manifest_path, read_manifest, row_digest, write_manifest
 from bastion.run.resume import claim_output, journal_files, load_done, part_path, parts_dir, remove_parts

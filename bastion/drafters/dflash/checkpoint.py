@@ -8,7 +8,11 @@ import torch
 
 from bastion.core.errors import InvalidFileError, InvalidInputError
 from bastion.core.files import read_json_object, read_safetensors_header, safetensors_files
-from bastion.drafters.dflash.config import CONFIG_NAME, WEIGHTS_INDEX_NAME
+
+#: the file names of a DFlash checkpoint folder
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 
 __all__ = [
     "is_dflash_checkpoint",

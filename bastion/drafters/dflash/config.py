@@ -14,12 +14,10 @@ from bastion.core.checks import positive_int
 from bastion.core.errors import InvalidFileError, InvalidInputError
 from bastion.core.files import read_json_object
 from bastion.core.hf_config import DecoderShape, config_dict, config_value
+from bastion.drafters.dflash.checkpoint import CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, resolve_checkpoint_dir
 
 __all__ = ["DFlashConfig", "default_target_layer_ids", "CONFIG_NAME", "WEIGHTS_NAME", "WEIGHTS_INDEX_NAME"]
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 ARCHITECTURE = "DFlashDraftModel"
 
 #: keys of config.json that map to DFlashConfig fields (everything else is kept verbatim in ``extra``)
@@ -266,8 +264,6 @@ class DFlashConfig:
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "DFlashConfig":
         """Read ``config.json`` from a local directory or a hub id."""
-        from bastion.drafters.dflash.checkpoint import resolve_checkpoint_dir
-
         directory = resolve_checkpoint_dir(path, config_only=True)
         return cls.from_file_dict(read_json_object(directory / CONFIG_NAME), directory / CONFIG_NAME)
 
