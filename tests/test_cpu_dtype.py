@@ -91,3 +91,30 @@ def test_loading_the_demo_pair_never_reads_the_deprecated_torch_dtype_field(monk
     DecoderShape.from_config(pipe.target.config)
     bastion.Pipeline.demo(drafter="model")
     assert reads == []
+
+
+@pytest.mark.parametrize(("flags", "expected"), [((), torch.float32), (("--dtype", "auto"), torch.float32),
+                                                 (("--dtype", "float16"), torch.float16)])
+def test_calibrate_loads_the_target_as_pipelines_do_dtype_auto_by_default(monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], expected: torch.dtype) -> None:
+    import bastion.controllers.latency.calibrate as cal
+    from bastion.cli.main import main
+    from bastion.core.errors import InvalidInputError
+
+    seen: list[torch.dtype] = []
+
+    def record(target: HFTarget, *_args: object, **_kwargs: object) -> None:
+        seen.append(target.dtype)
+        raise InvalidInputError("measured nothing")
+
+    monkeypatch.setattr(cal, "calibrate", record)
+    assert main(["calibrate", "--no-save", "--no-plot", *flags]) == 2
+    assert seen == [expected]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_the_python_api_says_device_cpu_in_python() -> None:
+    from bastion.core.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match='use device="cpu"') as info:
+        HFTarget.from_pretrained(demo_paths().target, device="cuda")
+    assert "use --device" not in str(info.value)

@@ -44,7 +44,7 @@ def test_target_path_that_does_not_exist_is_an_invalid_input(tmp_path: Path) -> 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_device_without_cuda_says_what_to_use(target_dir: Path) -> None:
-    with pytest.raises(InvalidInputError, match="no CUDA device; use --device cpu"):
+    with pytest.raises(InvalidInputError, match='no CUDA device; use device="cpu"'):
         HFTarget.from_pretrained(target_dir, device="cuda")
 
 

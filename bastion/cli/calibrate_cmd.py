@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bastion.cli.parsing import positive_int_list
-from bastion.core.dtypes import CLI_DTYPES, parse_dtype
+from bastion.core.dtypes import CLI_DTYPES, parse_dtype, show_dtype_choices
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -22,7 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--target", default=None, help="target model directory or hub id (default: the demo target)")
     p.add_argument("--device", default="cpu", help="device to measure on (default: cpu)")
-    p.add_argument("--dtype", default="float32", choices=CLI_DTYPES, help="target dtype")
+    p.add_argument("--dtype", default="auto", choices=("auto", *CLI_DTYPES),
+                   help="target dtype (default auto, as pipelines load it: the checkpoint's own, but float32 for "
+                        "a float16 checkpoint on a CPU)")
     p.add_argument("--sizes", type=positive_int_list, default=[1, 2, 4, 8, 16, 32, 64, 128], help="tree sizes, e.g. 1,4,16,64")
     p.add_argument("--contexts", type=positive_int_list, default=[64, 512], help="context lengths, e.g. 64,512,2048")
     p.add_argument("--repeats", type=int, default=3, help="timed forwards per (size, context)")
@@ -50,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         from bastion.demo import demo_paths
 
         target_path = str(demo_paths().target)
-    target = HFTarget.from_pretrained(target_path, device=args.device, dtype=parse_dtype(args.dtype))
+    show_dtype_choices()
+    target = HFTarget.from_pretrained(target_path, device=args.device, dtype=parse_dtype(args.dtype, allow_auto=True) or "auto")
     result = calibrate(target, args.sizes, args.contexts, repeats=args.repeats)
     model = result.model
 

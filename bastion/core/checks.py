@@ -68,11 +68,16 @@ def check_device(device: str | torch.device) -> torch.device:
         raise InvalidInputError(f"unknown device {device!r} (use cpu, cuda, cuda:N or mps)") from exc
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise InvalidInputError(f"device {device!r}: this torch build or machine has no CUDA device; use --device cpu")
+            raise InvalidInputError(
+                f"device {device!r}: this torch build or machine has no CUDA device; use device=\"cpu\" "
+                "(--device cpu on the command line)"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise InvalidInputError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise InvalidInputError(f"device {device!r}: MPS is not available here; use --device cpu")
+        raise InvalidInputError(
+            f"device {device!r}: MPS is not available here; use device=\"cpu\" (--device cpu on the command line)"
+        )
     return dev
 
 
