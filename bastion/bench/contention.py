@@ -120,7 +120,10 @@ class Contention:
 def _periods(on_s: float, off_s: float):  # type: ignore[no-untyped-def]
     """Yield True while the load should run (always when ``on_s`` is 0)."""
     start = time.perf_counter()
+    parent = os.getppid()
     while True:
+        if os.getppid() != parent:  # the bench that started this load is gone: stop with it
+            return
         if on_s <= 0:
             yield True
             continue
