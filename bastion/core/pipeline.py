@@ -192,7 +192,8 @@ class Pipeline:
         own device and dtype), or a :class:`Target`. ``drafter``: a registered drafter name, an instance,
         or a checkpoint dir or hub id that a registered drafter claims (see
         :meth:`bastion.core.Drafter.claims_checkpoint`), loaded on the target's device and dtype.
-        ``dtype="auto"`` keeps the checkpoint's dtype; ``device`` defaults to ``"cpu"`` for targets loaded
+        ``dtype="auto"`` keeps the checkpoint's dtype (but computes a float16 checkpoint on a CPU in
+        float32, see :func:`bastion.core.dtypes.auto_dtype`); ``device`` defaults to ``"cpu"`` for targets loaded
         here. The tokenizer is loaded from the target's directory when it has one.
 
         ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"``, a device, or a module-to-device

@@ -89,7 +89,8 @@ class ModelDrafter(Drafter):
     8), ``width`` (frontier nodes expanded per depth, default 4), ``top_k`` (children per expanded node,
     default 4), ``early_stop`` (apply the gain-per-second rule, default True), ``depth_cost_s`` (seconds
     one expansion depth costs, when known; default: measured, a running mean), ``device`` (default: the
-    target's at bind), ``dtype`` (default float32; ``None`` keeps the checkpoint's).
+    target's at bind), ``dtype`` (default float32; ``None`` keeps the checkpoint's, except float16
+    loaded onto a CPU, which computes in float32).
     """
 
     proposes = "candidate_tree"
