@@ -10,20 +10,18 @@ spec is ``KIND:WORKERS[@ON/OFF]``:
 - ``busy:2@3/3`` -- two spinning processes, 3 s on and 3 s off;
 - ``none`` -- no load.
 
-The load runs in child processes of its own (``python -m bastion.bench.contention``), so it competes
+The load runs in child processes of its own (:data:`WORKER`), so it competes
 for the cores, the memory bandwidth and the caches exactly as another tenant would; stopping it kills
 the children.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from typing import Literal
 
 from attrs import frozen
@@ -95,11 +93,11 @@ class Contention:
         spec = self.spec
         if spec is None or self._procs:
             return
-        args = ["--on", str(spec.on_s or 0.0), "--off", str(spec.off_s)]
+        period = [str(spec.on_s or 0.0), str(spec.off_s)]
         if spec.kind == "torch":
-            cmds = [[sys.executable, "-m", "bastion.bench.contention", "torch", "--threads", str(spec.workers), *args]]
+            cmds = [[sys.executable, "-c", WORKER, "torch", str(spec.workers), *period]]
         else:
-            cmds = [[sys.executable, "-m", "bastion.bench.contention", "busy", *args] for _ in range(spec.workers)]
+            cmds = [[sys.executable, "-c", WORKER, "busy", "1", *period] for _ in range(spec.workers)]
         env = {**os.environ, "OMP_NUM_THREADS": str(spec.workers)}
         self._procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for cmd in cmds]
 
@@ -117,58 +115,30 @@ class Contention:
 
 
 # ---------------------------------------------------------------------- the worker processes
-def _periods(on_s: float, off_s: float):  # type: ignore[no-untyped-def]
-    """Yield True while the load should run (always when ``on_s`` is 0)."""
-    start = time.perf_counter()
-    parent = os.getppid()
-    while True:
-        if os.getppid() != parent:  # the bench that started this load is gone: stop with it
-            return
-        if on_s <= 0:
-            yield True
-            continue
-        phase = (time.perf_counter() - start) % (on_s + off_s)
-        if phase < on_s:
-            yield True
-        else:
-            time.sleep(on_s + off_s - phase)
-            yield False
-
-
-def _torch_worker(threads: int, on_s: float, off_s: float) -> None:
+#: the load process's whole program, run with ``python -c`` so that it imports nothing of bastion (the
+#: package imports torch and transformers: seconds of CPU the load would spend before it starts)
+WORKER = r"""
+import os, sys, time
+kind, threads, on_s, off_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+parent = os.getppid()
+if kind == "torch":
     import torch
-
     torch.set_num_threads(threads)
-    a = torch.randn(512, 512)
-    b = torch.randn(512, 512)
-    for active in _periods(on_s, off_s):
-        if active:
-            a = (a @ b).tanh_()
-
-
-def _busy_worker(on_s: float, off_s: float) -> None:
-    x = 0
-    for active in _periods(on_s, off_s):
-        if active:
-            for _ in range(20000):
-                x += 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bastion.bench.contention", description="run one competing load until killed")
-    parser.add_argument("kind", choices=("torch", "busy"))
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--on", type=float, default=0.0, help="seconds on per period (0: always on)")
-    parser.add_argument("--off", type=float, default=0.0, help="seconds off per period")
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    if args.kind == "torch":
-        _torch_worker(args.threads, args.on, args.off)
-    else:
-        _busy_worker(args.on, args.off)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - the child process
-    sys.exit(main())
-
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    def work():
+        global a
+        a = (a @ b).tanh_()
+else:
+    def work():
+        x = 0
+        for _ in range(20000):
+            x += 1
+start = time.perf_counter()
+while os.getppid() == parent:  # ends with the bench that started it
+    if on_s > 0:
+        phase = (time.perf_counter() - start) % (on_s + off_s)
+        if phase >= on_s:
+            time.sleep(on_s + off_s - phase)
+            continue
+    work()
+"""

@@ -46,6 +46,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="batched mode: run every method at each batch size (e.g. 1,2,4,8,16,32) with generate_batch; "
                         "writes batch_sizes.md/json and throughput/width plots")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--scenario", metavar="PHASE,PHASE,...",
+                   help="phases whose prompt domain changes mid-run: the Spec-Bench prompts of each category in turn "
+                        "(--limit per phase; code, chat, math or any category, e.g. code,chat,math,translation), every "
+                        "method's state kept across phases; reports each phase's oracle (its best fixed method)")
     p.add_argument("--contention", default="none", metavar="KIND:WORKERS[@ON/OFF]",
                    help="run a competing load beside the bench, started and stopped by it: torch:2@1.5/1 (matrix products "
                         "on 2 threads, 1.5 s on, 1 s off), busy:1 (one spinning core), none (default)")
@@ -151,7 +155,12 @@ def run(args: argparse.Namespace) -> int:
 
     contention = Contention(parse_contention(args.contention))  # a bad spec fails before any model loads
     config = build_config(args)
-    prompts = load_prompts(config)  # a missing data file fails before any model loads
+    if args.scenario:
+        from bastion.bench.scenario import parse_scenario, scenario_prompts
+
+        prompts = scenario_prompts(parse_scenario(args.scenario), config.limit, config.data_dir)
+    else:
+        prompts = load_prompts(config)  # a missing data file fails before any model loads
     if config.repeats == 1:
         print("note: one round per prompt (--quick or --repeats 1): timings are noisy; use --repeats 3 or more "
               "for figures you report", file=sys.stderr)
@@ -201,6 +210,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     files = write_report(result, args.out, plots=not args.no_plots)
     sys.stdout.write(markdown_report(result))
+    if args.scenario:
+        from pathlib import Path
+
+        from bastion.bench.scenario import phase_table
+
+        table = phase_table(result.stats)
+        path = Path(args.out) / "scenario.md"
+        path.write_text(table, encoding="utf-8")
+        sys.stdout.write("\n" + table)
+        files = [*files, path]
     print(f"\nwrote {', '.join(str(f) for f in files)}", file=sys.stderr)
     return 0
 
