@@ -12,19 +12,30 @@ per model) and returns what Hugging Face's own greedy / sample loop returns: the
 
 Honoured: ``max_new_tokens`` / ``max_length``, ``do_sample`` with ``temperature``, ``top_k`` and
 ``top_p`` (read from the processors ``generate`` built, so the model's own defaults apply exactly as in
-plain ``generate``), ``eos_token_id``, stop strings and any other stopping criterion (checked token by
-token), ``streamer=`` (``TextStreamer``, ``TextIteratorStreamer``: each step's tokens are put as one
+plain ``generate``), ``eos_token_id``, ``stop_strings=`` and any other stopping criterion (checked token
+by token), ``streamer=`` (``TextStreamer``, ``TextIteratorStreamer``: each step's tokens are put as one
 burst), and padded batches with an ``attention_mask`` (decoded through ``Pipeline.generate_batch``;
 finished rows are padded with ``pad_token_id`` as Hugging Face does). Greedy output is token-for-token
 plain ``model.generate``'s; sampled output follows the same distribution, seeded from torch's global
 generator (so ``torch.manual_seed`` makes it reproducible). Logits processors bastion cannot apply
 inside tree verification (repetition penalty, min-p, ...) and per-step outputs (scores, logits,
 attentions, hidden states) are refused with a clear error.
+
+Stop strings: transformers 5 does not hand a callable ``custom_generate`` the ``tokenizer=`` given to
+``generate``, so the drop-in takes ``stop_strings=`` itself and matches them with the tokenizer given to
+:func:`speculative` (``tokenizer=tok``), else the one saved beside the model (``model.name_or_path``).
+Pass stop strings to ``generate`` as a keyword, not inside a Hugging Face ``GenerationConfig``.
+
+The position limit: a tree needs positions to verify into, so bastion stops drafting at the target's
+``max_position_embeddings``; plain ``generate`` goes on past it, and so does the drop-in for one sequence
+(the remaining tokens through the model's own one-token-at-a-time loop, as plain ``generate`` decodes
+them). A batch row cut there is left short with a ``UserWarning`` that says so.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 import weakref
 from typing import Any, Mapping
 
@@ -49,18 +60,33 @@ def speculative(
     max_nodes: int = 64,
     component_options: Mapping[str, Mapping[str, Any]] | None = None,
     registry: Registry | None = None,
+    tokenizer: Any = None,
+    config: Any = None,
 ) -> "SpeculativeGenerate":
     """A ``custom_generate`` callable for ``model.generate`` that decodes with bastion.
 
     ``drafter`` and every component take what :meth:`bastion.Pipeline.from_pretrained` takes: a
     registered name, a path or hub id (drafter checkpoints, loaded on the model's device and dtype), or an
-    instance; ``component_options`` holds options for components given by name, keyed by kind."""
+    instance; ``component_options`` holds options for components given by name, keyed by kind.
+
+    ``tokenizer`` matches stop strings (default: the tokenizer saved beside the model, when it was loaded
+    from a directory). ``config``, a :class:`bastion.GenerationConfig`, decides how every call samples
+    (its temperature, top_p, top_k and seed in place of ``do_sample`` / ``temperature`` / ``top_k`` /
+    ``top_p``; a seed makes sampling repeat whatever torch's global generator holds), adds its stop
+    strings, ends at end tokens only with ``stop_on_eos``, and caps the length at its ``max_new_tokens``
+    (the shorter of that and the call's ``max_new_tokens`` / ``max_length`` applies)."""
+    from bastion.engine.params import GenerationConfig
+
+    if config is not None and not isinstance(config, GenerationConfig):
+        raise InvalidInputError(f"config must be a bastion.GenerationConfig, got {type(config).__name__}")
     return SpeculativeGenerate(
         drafter,
         components=dict(tree_builder=tree_builder, budget_controller=budget_controller, latency_model=latency_model, verifier=verifier),
         max_nodes=max_nodes,
         component_options=component_options,
         registry=registry,
+        tokenizer=tokenizer,
+        config=config,
     )
 
 
@@ -75,8 +101,12 @@ class SpeculativeGenerate:
         max_nodes: int = 64,
         component_options: Mapping[str, Mapping[str, Any]] | None = None,
         registry: Registry | None = None,
+        tokenizer: Any = None,
+        config: Any = None,
     ) -> None:
         self.drafter = drafter
+        self.tokenizer = tokenizer
+        self.config = config
         self.components = dict(components)
         self.max_nodes = max_nodes
         self.component_options = {k: dict(v) for k, v in (component_options or {}).items()}
@@ -90,13 +120,14 @@ class SpeculativeGenerate:
         """The bastion pipeline wrapped around ``model`` (built on first use, then reused)."""
         pipe = self._pipelines.get(model)
         if pipe is None:
-            from bastion.core.pipeline import Pipeline, as_target, resolve_drafter
+            from bastion.core.pipeline import Pipeline, _model_tokenizer, as_target, resolve_drafter
 
             target = as_target(model)
             opts = {k: dict(v) for k, v in self.component_options.items()}
             drafter = resolve_drafter(self.drafter, target, self.registry, opts.pop("drafter", {}))
+            tokenizer = self.tokenizer if self.tokenizer is not None else _model_tokenizer(model, target)
             pipe = Pipeline(target, drafter, **self.components, max_nodes=self.max_nodes, component_options=opts,
-                            registry=self.registry)
+                            registry=self.registry, tokenizer=tokenizer)
             self._pipelines[model] = pipe
         return pipe
 
@@ -109,6 +140,7 @@ class SpeculativeGenerate:
         generation_config: Any = None,
         synced_gpus: bool = False,
         streamer: Any = None,
+        stop_strings: Any = None,  # declared, so generate hands it here (it drops the tokenizer it needs)
         **model_kwargs: Any,
     ) -> Any:
         if generation_config is None:
@@ -124,10 +156,25 @@ class SpeculativeGenerate:
         eos = _ids(getattr(generation_config, "_eos_token_tensor", None)) or _ids(generation_config.eos_token_id)
         pad = _ids(getattr(generation_config, "_pad_token_tensor", None)) or _ids(generation_config.pad_token_id)
         pipe = self.pipeline(model)
-        seed = None if sampling["temperature"] == 0.0 else int(torch.randint(0, 2**62, (1,)).item())
+        stops = list(_stop_list(stop_strings))
+        seed: int | None = None
+        if self.config is not None:  # a bastion.GenerationConfig: its sampling, stops, end tokens and length
+            rule = self.config.sampling
+            sampling = {"temperature": rule.temperature, "top_k": rule.top_k, "top_p": rule.top_p}
+            seed = rule.seed
+            stops += [s for s in self.config.stop if s not in stops]
+            max_new = min(max_new, self.config.max_new_tokens)
+            if not self.config.stop_on_eos:
+                eos, stopping_criteria = [], _without_eos(stopping_criteria)
+        if stops:
+            stopping_criteria = _with_stop_strings(stopping_criteria, stops, pipe.tokenizer)
+        if sampling["temperature"] == 0.0:
+            seed = None
+        elif seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
         with torch.inference_mode():
             if batch == 1:
-                rows = [self._decode_one(pipe, input_ids, model_kwargs.get("attention_mask"), max_new, sampling, seed,
+                rows = [self._decode_one(model, pipe, input_ids, model_kwargs.get("attention_mask"), max_new, sampling, seed,
                                          stopping_criteria, streamer)]
             else:
                 if streamer is not None:
@@ -151,6 +198,7 @@ class SpeculativeGenerate:
     # ------------------------------------------------------------------ decoding
     @staticmethod
     def _decode_one(
+        model: torch.nn.Module,
         pipe: Any,
         input_ids: torch.Tensor,  # [1, L]
         attention_mask: torch.Tensor | None,
@@ -160,29 +208,34 @@ class SpeculativeGenerate:
         stopping_criteria: Any,
         streamer: Any,
     ) -> list[int]:
-        prompt = {"input_ids": input_ids, "attention_mask": attention_mask} if attention_mask is not None else input_ids
-        steps = pipe.decode_steps(prompt, max_new, seed=seed, stop_on_eos=False, **sampling)
         seq = input_ids  # [1, L + produced]: what the stopping criteria see, as in Hugging Face's loop
         out: list[int] = []
-        keep = None
-        while True:
-            try:
-                tokens, _record = steps.send(keep)
-            except StopIteration:
-                break
+        stopped = False
+        if input_ids.shape[1] < pipe.target.max_positions:
+            prompt = {"input_ids": input_ids, "attention_mask": attention_mask} if attention_mask is not None else input_ids
+            steps = pipe.decode_steps(prompt, max_new, seed=seed, stop_on_eos=False, **sampling)
             keep = None
-            for k, tok in enumerate(tokens):  # token by token: stop exactly where Hugging Face's loop would
-                seq = torch.cat([seq, seq.new_tensor([[tok]])], dim=1)
-                if stopping_criteria is not None and bool(stopping_criteria(seq, None).any()):
-                    keep = k + 1
+            while True:
+                try:
+                    tokens, _record = steps.send(keep)
+                except StopIteration:
                     break
-            emitted = tokens if keep is None else tokens[:keep]
-            out.extend(emitted)
-            if streamer is not None and emitted:
-                streamer.put(torch.tensor(emitted, dtype=torch.long))
-            if keep is not None:
-                steps.close()
-                break
+                keep = None
+                for k, tok in enumerate(tokens):  # token by token: stop exactly where Hugging Face's loop would
+                    seq = torch.cat([seq, seq.new_tensor([[tok]])], dim=1)
+                    if stopping_criteria is not None and bool(stopping_criteria(seq, None).any()):
+                        keep = k + 1
+                        break
+                emitted = tokens if keep is None else tokens[:keep]
+                out.extend(emitted)
+                if streamer is not None and emitted:
+                    streamer.put(torch.tensor(emitted, dtype=torch.long))
+                if keep is not None:
+                    stopped = True
+                    steps.close()
+                    break
+        if not stopped and len(out) < max_new:  # the position limit came first: go on as plain generate does
+            out.extend(_plain_tail(model, seq, max_new - len(out), sampling, seed, stopping_criteria, streamer))
         return out
 
     @staticmethod
@@ -201,6 +254,15 @@ class SpeculativeGenerate:
         stop_on_eos = pipe.target.eos_token_ids <= frozenset(eos)
         results = pipe.generate_batch(prompts, max_new, seed=seed, stop_on_eos=stop_on_eos, **sampling)
         rows = []
+        cut = [i for i, res in enumerate(results) if res.stop_reason == "position-limit" and len(res.tokens) < max_new]
+        if cut:
+            warnings.warn(
+                f"bastion.hf.speculative: {len(cut)} of {len(results)} rows reached the target's position limit "
+                f"({pipe.target.max_positions} positions) before max_new_tokens and were cut there; plain generate "
+                "would go on past it (decode those prompts one at a time, where the drop-in does)",
+                UserWarning,
+                stacklevel=4,
+            )
         for i, res in enumerate(results):
             seq = input_ids[i : i + 1]  # [1, L], padding included, as Hugging Face's criteria see it
             row: list[int] = []
@@ -214,6 +276,87 @@ class SpeculativeGenerate:
 
 
 # ---------------------------------------------------------------------- helpers
+def _plain_tail(
+    model: torch.nn.Module,
+    seq: torch.Tensor,  # [1, T]: the prompt and the tokens so far
+    count: int,
+    sampling: dict[str, Any],
+    seed: int | None,
+    stopping_criteria: Any,
+    streamer: Any,
+) -> list[int]:
+    """Up to ``count`` more tokens one at a time through ``model``'s forward with a KV cache, as Hugging
+    Face's greedy / sample loop produces them (its temperature / top-k / top-p warpers, multinomial
+    draws), past the positions bastion's trees can use."""
+    from transformers import DynamicCache, LogitsProcessorList
+
+    from bastion.core.hf_compat import cache_kwargs
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    logits_processor = LogitsProcessorList()
+    if sampling["temperature"] > 0.0:
+        if sampling["temperature"] != 1.0:
+            logits_processor.append(TemperatureLogitsWarper(sampling["temperature"]))
+        if sampling["top_k"]:
+            logits_processor.append(TopKLogitsWarper(sampling["top_k"]))
+        if sampling["top_p"] < 1.0:
+            logits_processor.append(TopPLogitsWarper(sampling["top_p"]))
+
+    device = next(model.parameters()).device
+    seq = seq.to(device)
+    generator = None
+    if sampling["temperature"] > 0.0:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(int(seed or 0) ^ 0x5EED)
+    cache = DynamicCache()
+    step_in = seq
+    out: list[int] = []
+    for _ in range(count):
+        logits = model(input_ids=step_in, **cache_kwargs(model, cache)).logits[:, -1, :].float()  # [1, V]
+        scores = logits_processor(seq, logits)
+        if sampling["temperature"] > 0.0:
+            tok = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).item())
+        else:
+            tok = int(scores.argmax(dim=-1).item())
+        out.append(tok)
+        seq = torch.cat([seq, seq.new_tensor([[tok]])], dim=1)
+        step_in = seq[:, -1:]
+        if streamer is not None:
+            streamer.put(torch.tensor([tok], dtype=torch.long))
+        if stopping_criteria is not None and bool(stopping_criteria(seq, scores).any()):
+            break
+    return out
+
+
+def _stop_list(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value)
+
+
+def _with_stop_strings(criteria: Any, stops: list[str], tokenizer: Any) -> Any:
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    if tokenizer is None:
+        raise InvalidInputError(
+            "stop_strings need the model's tokenizer, and transformers does not hand generate's tokenizer= to a "
+            "custom_generate: pass it as bastion.hf.speculative(drafter, tokenizer=tok)"
+        )
+    out = StoppingCriteriaList(list(criteria or ()))
+    out.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stops))
+    return out
+
+
+def _without_eos(criteria: Any) -> Any:
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import EosTokenCriteria
+
+    return StoppingCriteriaList([c for c in (criteria or ()) if not isinstance(c, EosTokenCriteria)])
+
+
 def _check_config(config: Any) -> None:
     if int(getattr(config, "num_beams", 1) or 1) > 1:
         raise InvalidInputError("bastion.hf.speculative decodes one sequence per prompt; num_beams > 1 is not supported")
