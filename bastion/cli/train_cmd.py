@@ -34,7 +34,7 @@ FULL_EVAL_LIMIT = 10
 STEPS_PER_EVAL_PROMPT = 100
 
 #: modules adding further ``bastion train`` stages (each exposes ``add_stage(stages_subparsers)``)
-STAGE_MODULES: tuple[str, ...] = ("bastion.cli.train_ar_cmd",)
+STAGE_MODULES: tuple[str, ...] = ("bastion.cli.train_ar_cmd", "bastion.cli.train_eagle3_cmd")
 
 
 @frozen
