@@ -245,7 +245,7 @@ def test_bench_command_runs_end_to_end_and_writes_its_outputs(pair, data_dir: Pa
         "--warmup-tokens", "0", "--repeats", "1", "--out", str(out), "--no-progress", "--no-plots",
     ])
     assert rc == 0
-    assert seen == {"target": "T", "drafter": "D", "device": "cpu", "dtype": "auto"}
+    assert seen == {"target": "T", "drafter": "D", "device": "auto", "dtype": "auto"}
     stdout = capsys.readouterr().out
     assert "| gsm8k | best-first@4 |" in stdout
     data = json.loads((out / "results.json").read_text())

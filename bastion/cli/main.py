@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from bastion import __version__
+from bastion.core.logs import LOG_LEVELS
 
 COMMAND_MODULES: tuple[str, ...] = (
     "bastion.cli.plugins_cmd",
@@ -30,10 +31,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"bastion {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback when a command fails")
+    log_help = ("what the log shows on stderr, bastion's and the libraries' (transformers, torch) alike, Python "
+                "warnings included (default: bastion's warnings only, the libraries' errors)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=None, help=log_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for modname in COMMAND_MODULES:
         importlib.import_module(modname).add_parser(sub)
+    _add_to_commands(parser, log_help)  # also after the command name: bastion generate --log-level info
     return parser
+
+
+def _add_to_commands(parser: argparse.ArgumentParser, log_help: str) -> None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                if "--log-level" not in command._option_string_actions:
+                    command.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS, help=log_help)
+                _add_to_commands(command, log_help)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     from bastion.core.errors import BastionError
+    from bastion.core.logs import configure_logging, request_level
 
+    request_level(args.log_level)
+    if args.log_level is not None:
+        configure_logging()
     try:
         return int(args.func(args) or 0)
     except BastionError as exc:

@@ -27,6 +27,7 @@ import attrs
 from bastion.core.dtypes import CLI_DTYPES
 
 __all__ = [
+    "DEVICE_DEFAULT",
     "DTYPES",
     "ComponentChoice",
     "add_component_arguments",
@@ -39,6 +40,7 @@ __all__ = [
     "option_value",
     "parse_option",
     "pipeline_kwargs",
+    "resolve_cli_device",
     "torch_dtype",
 ]
 
@@ -77,7 +79,20 @@ def _plain_option(text: str) -> tuple[None, str, Any]:
     return None, key.strip(), option_value(raw)
 
 
-def add_model_arguments(p: argparse.ArgumentParser, *, device_default: str = "cpu") -> None:
+#: the --device default of every command that builds a pipeline (generate, bench, run, serve)
+DEVICE_DEFAULT = "auto"
+
+
+def resolve_cli_device(name: str) -> str:
+    """A --device value as a device name: ``auto`` is ``cuda`` when CUDA is available, else ``cpu``."""
+    if str(name) != "auto":
+        return str(name)
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_model_arguments(p: argparse.ArgumentParser, *, device_default: str = DEVICE_DEFAULT) -> None:
     """--target, --drafter, --drafter-option, --device, --dtype, --device-map, --compile."""
     g = p.add_argument_group("models")
     g.add_argument("--target", help="target model: local directory or hub id (default: the demo pair)")
@@ -85,7 +100,9 @@ def add_model_arguments(p: argparse.ArgumentParser, *, device_default: str = "cp
                    "(default) or model picks the demo pair's block or autoregressive drafter")
     g.add_argument("--drafter-option", type=_plain_option, action="append", default=[], metavar="KEY=VALUE",
                    help="option for a drafter given by name, JSON value (repeatable)")
-    g.add_argument("--device", default=device_default, help=f"cpu, cuda, cuda:N or auto (default {device_default})")
+    g.add_argument("--device", default=device_default,
+                   help="cpu, cuda, cuda:N, mps or auto (default auto: cuda when CUDA is available, else cpu)"
+                   if device_default == "auto" else f"cpu, cuda, cuda:N, mps or auto (default {device_default})")
     g.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="model dtype (default auto: the checkpoint's; the demo pair runs float32 on the CPU)")
     g.add_argument(
@@ -127,7 +144,7 @@ def add_verbose_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", action="store_true", help="show library logs and weight-loading progress bars")
 
 
-def add_model_options(p: argparse.ArgumentParser, *, device_default: str = "cpu") -> None:
+def add_model_options(p: argparse.ArgumentParser, *, device_default: str = DEVICE_DEFAULT) -> None:
     """Everything a command needs to build a pipeline: models, components and --verbose."""
     add_model_arguments(p, device_default=device_default)
     add_component_arguments(p)
@@ -183,7 +200,7 @@ def pipeline_kwargs(args: argparse.Namespace, *, components: bool = True) -> dic
     from bastion.core.errors import InvalidInputError
 
     drafter_opts = {key: value for _, key, value in args.drafter_option}
-    models: dict[str, Any] = dict(device=args.device, dtype=torch_dtype(args.dtype))
+    models: dict[str, Any] = dict(device=resolve_cli_device(args.device), dtype=torch_dtype(args.dtype))
     if getattr(args, "device_map", None):
         models["device_map"] = args.device_map
     if getattr(args, "compile", False):
@@ -241,23 +258,8 @@ def build_pipeline(args: argparse.Namespace, *, device: Any = None, components: 
 
 
 def configure_output(verbose: bool) -> None:
-    """Quiet by default: library warnings, info logs and weight-loading progress bars only with --verbose."""
-    import logging
-    import warnings
+    """Quiet by default: library warnings, info logs and weight-loading progress bars only with --verbose
+    or a ``--log-level`` (``bastion --log-level info ...``); see :mod:`bastion.core.logs`."""
+    from bastion.core.logs import configure_logging
 
-    from transformers.utils import logging as hf_logging
-
-    if verbose:
-        hf_logging.set_verbosity_info()
-        hf_logging.enable_progress_bar()
-        return
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    logging.getLogger("torch").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", module="transformers")
-    try:
-        from huggingface_hub.utils import disable_progress_bars
-
-        disable_progress_bars()
-    except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
-        pass
+    configure_logging(verbose=verbose)
