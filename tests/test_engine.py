@@ -258,3 +258,33 @@ def test_the_plain_controller_never_drafts_and_decodes_exactly_what_speculation_
         assert res.tokens == _solo(reference, prompt, max_new_tokens=NEW, stop_on_eos=False)
     single = pipe.generate(torch.tensor([prompts[0]]), max_new_tokens=NEW, stop_on_eos=False)
     assert not any(s.drafted for s in single.steps) and single.tokens == results[0].tokens
+
+
+@pytest.mark.parametrize("pair", ["noisy-oracle", "demo-dflash"])
+def test_a_long_prompt_prefilled_in_chunks_beside_running_rows_gives_its_solo_output_and_theirs(pair):
+    pipe = _pipe() if pair == "noisy-oracle" else _demo()
+    short = _prompts(2, seed=21) if pair == "noisy-oracle" else [pipe.encode_chat(q)[0].tolist() for q in ("What is 2+3?", "Say hi.")]
+    gen = torch.Generator().manual_seed(5)
+    long = torch.randint(3, 200, (70,), generator=gen).tolist()
+    engine = Engine(pipe, prefill_chunk=16)
+    running = [engine.add(p, _cfg(new=24)) for p in short]
+    engine.step()
+    late = engine.add(long, _cfg(new=12))
+    steps_while_prefilling = 0
+    while late.t_admitted is None:
+        engine.step()
+        steps_while_prefilling += 1
+        assert all(len(r.tokens) > 0 for r in running)
+    assert steps_while_prefilling == 5  # 70 tokens in chunks of 16: the others decoded at every one of them
+    engine.run()
+    assert late.tokens == _solo(pipe, long, max_new_tokens=12, stop_on_eos=False)
+    for prompt, request in zip(short, running):
+        assert request.tokens == _solo(pipe, prompt, max_new_tokens=24, stop_on_eos=False)
+
+
+def test_a_prompt_one_position_short_of_the_limit_decodes_as_generate_does():
+    pipe = _pipe()
+    prompt = [5] * (pipe.target.max_positions - 1)
+    batch = pipe.generate_batch([[7, 8, 9], prompt], 8, stop_on_eos=False)
+    alone = pipe.generate(torch.tensor([prompt]), 8, stop_on_eos=False)
+    assert batch[1].tokens == alone.tokens and batch[1].stop_reason == alone.stop_reason == "position-limit"

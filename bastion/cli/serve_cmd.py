@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g.add_argument("--prefill-tokens", type=int, default=2048,
                    help="most prompt tokens prefilled per engine step, so long prompts do not stall decoding rows "
                    "(a longer prompt is admitted alone; default 2048)")
+    g.add_argument("--prefill-chunk", type=int, default=256,
+                   help="prefill a prompt longer than this in chunks of this many tokens, one per engine step beside the "
+                   "decoding rows, so it stalls them by one chunk at a time (0: whole prompts at once; default 256)")
     g.add_argument("--chat-max-tokens", type=int, default=256,
                    help="the longest chat answer for requests without max_tokens (default 256)")
     add_model_options(p)
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     settings = ServeSettings(
         host=args.host, port=args.port, max_running=args.max_running, max_queue=args.max_queue,
         drain_timeout=args.drain_timeout, model_name=served_model_name(args), chat_max_tokens=args.chat_max_tokens,
-        prefill_tokens=args.prefill_tokens, log_level="info" if args.verbose else "warning",
+        prefill_tokens=args.prefill_tokens, prefill_chunk=args.prefill_chunk or None, log_level="info" if args.verbose else "warning",
     )  # checked before any model loads
     pipe = build_pipeline(args)
     server = BastionServer(pipe, settings)

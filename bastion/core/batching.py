@@ -73,6 +73,20 @@ class TargetBatch(abc.ABC):
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (indices into the current batch, in that order); the others leave."""
 
+    def prefill_more(self, tokens: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A batch of one row takes ``tokens`` [k] more prompt tokens after its context (a prompt
+        prefilled in chunks) -> (the logits after the last of them [1, V], their features [k, F] or
+        None). The default runs them as a chain tree through :meth:`forward_trees` and commits it;
+        override it to skip the logits of all but the last position (``HFTargetBatch`` does)."""
+        from bastion.core.tree import Tree
+
+        if self.batch_size != 1:
+            raise ValueError(f"prefill_more() extends a batch of one row, this one has {self.batch_size}")
+        k = int(tokens.shape[0])
+        out = self.forward_trees([Tree.from_parents(tokens, list(range(-1, k - 1)))], feature_layers)  # [1, k, V]
+        self.commit([torch.arange(k)])
+        return out.logits[:, k - 1], None if out.features is None else out.features[0, :k]
+
     def extend(self, other: "TargetBatch") -> None:
         """Append the rows of ``other`` (a batch opened on the same target, e.g. requests that join a
         running batch, prefilled on their own) after this batch's rows; ``other`` is spent. The engine

@@ -221,6 +221,24 @@ class HFTargetBatch(TargetBatch):
         self._fit(self._slots)
 
     @torch.inference_mode()
+    def prefill_more(self, tokens: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One row's next prompt chunk ``tokens`` [k] after its context: a plain causal forward over the
+        cache (the row has no padding), logits kept for the last position only."""
+        if len(self._ctx) != 1:
+            raise InvalidInputError(f"prefill_more() extends a batch of one row, this one has {len(self._ctx)}")
+        self._drop_pending()
+        t = self.target
+        k, ctx = int(tokens.shape[0]), self._ctx[0]
+        if ctx + k > t.max_positions:
+            raise InvalidInputError(f"{ctx} + {k} prompt tokens exceed the target's {t.max_positions} positions")
+        ids = tokens.to(t.device, torch.long)[None]  # [1, k]
+        positions = torch.arange(ctx, ctx + k, device=t.device)[None]  # [1, k]
+        logits, feats = t.forward_rows(ids, None, positions, self._cache, feature_layers, logits_to_keep=1)
+        self._ctx = [ctx + k]
+        self._slots = ctx + k
+        return logits[:, -1], None if feats is None else feats[0]  # [1, V], [k, F]
+
+    @torch.inference_mode()
     def extend(self, other: TargetBatch) -> None:
         """Append the rows of ``other`` (a batch of the same target, e.g. newcomers prefilled on their
         own) after this batch's rows; ``other`` is spent. Both caches are padded to the longer one's

@@ -59,16 +59,24 @@ class Engine:
     """Continuous batched decoding over a :class:`~bastion.Pipeline`'s components (see the module doc).
 
     ``max_running`` bounds the rows decoding at once (None: no bound); ``prefill_tokens`` the prompt
-    tokens admitted per step (a longer prompt is admitted alone)."""
+    tokens admitted per step (a longer prompt is admitted alone); ``prefill_chunk`` (None: off) splits a
+    prompt longer than it into chunks prefilled one per step beside the running rows' decoding, so a
+    long prompt stalls the others by one chunk's forward at a time, not by its whole prefill."""
 
-    def __init__(self, pipe: "Pipeline", *, max_running: int | None = None, prefill_tokens: int = 4096) -> None:
+    def __init__(
+        self, pipe: "Pipeline", *, max_running: int | None = None, prefill_tokens: int = 4096, prefill_chunk: int | None = None
+    ) -> None:
         if max_running is not None and (isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1):
             raise InvalidInputError(f"max_running must be an int >= 1 or None, got {max_running!r}")
         if isinstance(prefill_tokens, bool) or not isinstance(prefill_tokens, int) or prefill_tokens < 1:
             raise InvalidInputError(f"prefill_tokens must be an int >= 1, got {prefill_tokens!r}")
+        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1):
+            raise InvalidInputError(f"prefill_chunk must be an int >= 1 or None, got {prefill_chunk!r}")
         self.pipe = pipe
         self.max_running = max_running
         self.prefill_tokens = prefill_tokens
+        self.prefill_chunk = prefill_chunk
+        self._chunked: _Chunked | None = None  # the long prompt being prefilled chunk by chunk
         controller = pipe.budget_controller
         #: whether any step may draft (False for a never-drafting controller: the drafter is not run at all)
         self.drafts = bool(getattr(controller, "drafts", True))
@@ -93,7 +101,7 @@ class Engine:
 
     @property
     def idle(self) -> bool:
-        return not self._rows and not self._waiting
+        return not self._rows and not self._waiting and self._chunked is None
 
     def add(
         self,
@@ -136,6 +144,9 @@ class Engine:
             return
         if request in self._waiting:
             self._waiting.remove(request)
+            request.finish("cancelled")
+        elif self._chunked is not None and self._chunked.request is request:
+            self._chunked = None
             request.finish("cancelled")
         else:
             request.cancel_requested = True
@@ -181,58 +192,94 @@ class Engine:
 
     # ---------------------------------------------------------------- joining and leaving
     def _admit(self, updates: list[StepUpdate]) -> int:
-        """Prefill the waiting requests that fit and stack them into the running batch."""
-        if not self._waiting:
-            return 0
+        """Prefill the waiting requests that fit and stack them into the running batch -> how many joined.
+
+        Prompts up to ``prefill_chunk`` tokens are prefilled together, at most ``prefill_tokens`` prompt
+        tokens per step; a longer prompt is prefilled one chunk per step (one at a time) while the
+        running rows keep decoding, and joins when its last chunk is in."""
         if self._rows and not self._can_join():  # the batch states cannot take rows in: wait for a drain
             return 0
-        room = len(self._waiting) if self.max_running is None else self.max_running - len(self._rows)
+        joined = 0
+        budget = self.prefill_tokens
+        if self._chunked is not None:
+            budget -= self.prefill_chunk or 0
+            joined += self._advance_chunked(updates)
+        if not self._waiting:
+            return joined
+        busy = len(self._rows) + (0 if self._chunked is None else 1)
+        room = len(self._waiting) if self.max_running is None else self.max_running - busy
         batch: list[Request] = []
         tokens = 0
         for request in self._waiting[: max(room, 0)]:
-            if batch and tokens + request.prompt_len > self.prefill_tokens:
+            if self._long(request):
+                if batch or self._chunked is not None or budget < (self.prefill_chunk or 0):
+                    break
+                self._waiting.remove(request)
+                self._start_chunked(request, updates)
+                return joined
+            if (batch or joined or self._chunked is not None) and tokens + request.prompt_len > budget:
                 break
             batch.append(request)
             tokens += request.prompt_len
         if not batch:
-            return 0
+            return joined
         del self._waiting[: len(batch)]
-        pipe = self.pipe
         stage = _Stage(getattr(self.pipe, "registry", None))
         t0 = time.perf_counter()
         try:
-            stage.at("target", pipe.target, "open_batch")
-            opened = pipe.target.open_batch([r.prompt for r in batch], self._layers)
-            if opened is None:
-                raise IncompatibleComponentsError(
-                    f"the target {type(pipe.target).__name__} has no batched state (open_batch returned None); "
-                    "the engine needs one"
-                )
-            tb, pre = opened
-            roots = self._first_tokens(pre.last_logits, batch)
-            drafts = None
-            if self.drafts:
-                stage.at("drafter", pipe.drafter, "open_batch")
-                copy = getattr(pipe, "copy_contexts", False)  # a plugin drafter gets copies of the prompts
-                drafts = pipe.drafter.open_batch(
-                    [
-                        DraftContext(tokens=r.prompt.clone() if copy else r.prompt, features=None if pre.features is None else pre.features[i])
-                        for i, r in enumerate(batch)
-                    ]
-                )
-            device_sync(pipe.target.device)
+            tb, pre = self._open([r.prompt for r in batch], stage)
+            features = None if pre.features is None else list(pre.features)
+            self._join(batch, tb, pre.last_logits, features, t0, stage)
         except Exception as exc:  # noqa: BLE001 - the newcomers fail; the running batch is untouched
             error = stage.error(exc)
             for request in batch:
                 updates.append(StepUpdate(request, (), request.finish("error", error), True, error))
-            return 0
-        prefill_s = time.perf_counter() - t0
+            return joined
+        for request in batch:
+            updates.append(StepUpdate(request, tuple(request.tokens), request.pending_chunk, False))
+        return joined + len(batch)
+
+    def _long(self, request: Request) -> bool:
+        return self.prefill_chunk is not None and request.prompt_len > self.prefill_chunk
+
+    def _open(self, prompts: list[torch.Tensor], stage: "_Stage") -> tuple[TargetBatch, Any]:
+        pipe = self.pipe
+        stage.at("target", pipe.target, "open_batch")
+        opened = pipe.target.open_batch(prompts, self._layers)
+        if opened is None:
+            raise IncompatibleComponentsError(
+                f"the target {type(pipe.target).__name__} has no batched state (open_batch returned None); the engine needs one"
+            )
+        return opened
+
+    def _join(
+        self,
+        batch: list[Request],
+        tb: TargetBatch,
+        last_logits: torch.Tensor,  # [B, V] after each newcomer's last prompt token
+        features: list[torch.Tensor] | None,  # per newcomer [L_i, F], or None
+        t0: float,
+        stage: "_Stage",
+    ) -> None:
+        """Sample the newcomers' first tokens, open their draft contexts and stack both into the batch."""
+        pipe = self.pipe
+        roots = self._first_tokens(last_logits, batch)
+        drafts = None
+        if self.drafts:
+            stage.at("drafter", pipe.drafter, "open_batch")
+            copy = getattr(pipe, "copy_contexts", False)  # a plugin drafter gets copies of the prompts
+            drafts = pipe.drafter.open_batch(
+                [
+                    DraftContext(tokens=r.prompt.clone() if copy else r.prompt, features=None if features is None else features[i])
+                    for i, r in enumerate(batch)
+                ]
+            )
+        device_sync(pipe.target.device)
         now = time.perf_counter()
         for request, root in zip(batch, roots):
             request.t_admitted = now
-            request.prefill_s = prefill_s
-            kept, chunk = request.emit([root], request.prompt_len + 1, pipe.target.max_positions)
-            updates.append(StepUpdate(request, tuple(kept), chunk, False))
+            request.prefill_s = now - t0
+            request.pending_chunk = request.emit([root], request.prompt_len, pipe.target.max_positions)[1]
         if self._tb is None:
             self._tb, self._drafts = tb, drafts
         else:
@@ -241,7 +288,53 @@ class Engine:
                 self._drafts.extend(drafts)
         self._rows.extend(batch)
         self._begin_batch()
-        return len(batch)
+
+    def _start_chunked(self, request: Request, updates: list[StepUpdate]) -> None:
+        """Prefill the first chunk of a long prompt into a state of its own."""
+        stage = _Stage(getattr(self.pipe, "registry", None))
+        chunk = self.prefill_chunk or request.prompt_len
+        t0 = time.perf_counter()
+        try:
+            tb, pre = self._open([request.prompt[:chunk]], stage)
+        except Exception as exc:  # noqa: BLE001 - this request fails; the running batch is untouched
+            error = stage.error(exc)
+            updates.append(StepUpdate(request, (), request.finish("error", error), True, error))
+            return
+        feats = [] if pre.features is None else [pre.features[0]]
+        self._chunked = _Chunked(request, tb, chunk, feats, pre.last_logits, t0)
+
+    def _advance_chunked(self, updates: list[StepUpdate]) -> int:
+        """One more chunk of the long prompt being prefilled (a chain through the target); joins it to
+        the batch after its last chunk -> 1 when it joined."""
+        state = self._chunked
+        assert state is not None
+        request = state.request
+        if request.cancel_requested:
+            self._chunked = None
+            updates.append(StepUpdate(request, (), request.finish("cancelled"), True))
+            return 0
+        stage = _Stage(getattr(self.pipe, "registry", None))
+        try:
+            if state.done < request.prompt_len:
+                end = min(state.done + (self.prefill_chunk or request.prompt_len), request.prompt_len)
+                piece = request.prompt[state.done : end]  # [k] the next prompt tokens, a chain below the first
+                stage.at("target", self.pipe.target, "prefill_more")
+                state.last_logits, feats = state.tb.prefill_more(piece, self._layers)  # [1, V], [k, F] or None
+                if feats is not None:
+                    state.features.append(feats)
+                state.done = end
+            if state.done < request.prompt_len:
+                return 0
+            self._chunked = None
+            features = [torch.cat(state.features, dim=0)] if state.features else None
+            self._join([request], state.tb, state.last_logits, features, state.t0, stage)
+        except Exception as exc:  # noqa: BLE001 - this request fails; the running batch is untouched
+            self._chunked = None
+            error = stage.error(exc)
+            updates.append(StepUpdate(request, (), request.finish("error", error), True, error))
+            return 0
+        updates.append(StepUpdate(request, tuple(request.tokens), request.pending_chunk, False))
+        return 1
 
     def _can_join(self) -> bool:
         tb_ok = self._tb is not None and type(self._tb).extend is not TargetBatch.extend
@@ -462,6 +555,13 @@ class Engine:
             if len(tree) > pipe.max_nodes:
                 raise TreeValidationError(f"the tree has {len(tree)} nodes; the step allows at most max_nodes = {pipe.max_nodes}")
         return tree
+
+
+class _Chunked:
+    """A long prompt being prefilled one chunk per step, in a target state of its own."""
+
+    def __init__(self, request: Request, tb: TargetBatch, done: int, features: list[torch.Tensor], last_logits: torch.Tensor, t0: float) -> None:
+        self.request, self.tb, self.done, self.features, self.last_logits, self.t0 = request, tb, done, features, last_logits, t0
 
 
 class _Stage:

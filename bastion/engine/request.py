@@ -66,6 +66,7 @@ class Request:
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
         self.cancel_requested = False
+        self.pending_chunk = ""  # text released by the first token, reported with the join
         self.prefill_s = 0.0
         self.t_queued = time.perf_counter()
         self.t_admitted: float | None = None

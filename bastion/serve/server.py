@@ -65,6 +65,7 @@ class ServeSettings:
     model_name: str = "bastion-demo"
     chat_max_tokens: int = attrs.field(default=256, validator=_positive_int("chat_max_tokens"))
     prefill_tokens: int = attrs.field(default=2048, validator=_positive_int("prefill_tokens"))
+    prefill_chunk: int | None = attrs.field(default=256, validator=attrs.validators.optional(_positive_int("prefill_chunk")))
     log_level: str = "warning"
 
 
@@ -96,7 +97,7 @@ class BastionServer:
         self.settings = settings = settings or ServeSettings()
         self.pipe = pipe
         self.worker = EngineWorker(pipe, max_running=settings.max_running, max_queue=settings.max_queue,
-                                   prefill_tokens=settings.prefill_tokens)
+                                   prefill_tokens=settings.prefill_tokens, prefill_chunk=settings.prefill_chunk)
         self.state = AppState(self.worker, settings.model_name, int(pipe.target.max_positions),
                               chat_max_tokens=settings.chat_max_tokens)
         self.app = create_app(self.state)

@@ -107,14 +107,16 @@ class EngineWorker:
 
     ``max_running`` bounds the running batch, ``max_queue`` the requests waiting for admission beyond
     the batch's free rows (a request past it is refused with a 503), ``prefill_tokens`` the prompt
-    tokens admitted per step."""
+    tokens admitted per step, ``prefill_chunk`` the chunk a longer prompt is prefilled in, one per step
+    beside the running rows (None: whole prompts)."""
 
     def __init__(self, pipe: Any, *, max_running: int = 32, max_queue: int = 256, prefill_tokens: int = 2048,
-                 metrics: ServeMetrics | None = None) -> None:
+                 prefill_chunk: int | None = 256, metrics: ServeMetrics | None = None) -> None:
         self.pipe = pipe
         self.max_running = max_running
         self.max_queue = max_queue
         self.prefill_tokens = prefill_tokens
+        self.prefill_chunk = prefill_chunk
         self.metrics = metrics or ServeMetrics()
         self._engine = self._new_engine()
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -125,7 +127,7 @@ class EngineWorker:
         self.failure: BaseException | None = None  # what stopped the thread, if it died
 
     def _new_engine(self) -> Engine:
-        return Engine(self.pipe, max_running=self.max_running, prefill_tokens=self.prefill_tokens)
+        return Engine(self.pipe, max_running=self.max_running, prefill_tokens=self.prefill_tokens, prefill_chunk=self.prefill_chunk)
 
     # ------------------------------------------------------------------ front-end side (any thread)
     def start(self) -> None:

@@ -21,6 +21,9 @@ from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
 
 __all__ = ["DFlashDraftBatch"]
 
+#: a row with more pending positions than this (a prompt that just joined) is projected on its own
+_BATCHED_FLUSH = 64
+
 
 class DFlashDraftBatch(DraftBatch):
     """Per-row DFlash draft contexts of a batch (see the module doc)."""
@@ -161,28 +164,41 @@ class DFlashDraftBatch(DraftBatch):
         self._plain = []
 
     def _flush(self, device: torch.device) -> None:
-        """Project every row's pending features in one call and write them at each row's tail."""
+        """Project every row's pending features and write them at each row's tail: the usual few
+        positions per row in one call for the whole batch; a row with many (a prompt that just joined)
+        in a call of its own, so the other rows are not padded to its length."""
         self._fold_plain()
         counts = [sum(int(f.shape[0]) for f in p) for p in self._pending]
-        width = max(counts)
-        if width == 0:
+        if max(counts) == 0:
             return
-        b, feat_size = len(counts), self.model.config.feature_size
-        feats = torch.zeros(b, width, feat_size, dtype=self.model.dtype, device=device)  # [B, P, F]
-        for i, pending in enumerate(self._pending):
-            if counts[i]:
-                feats[i, : counts[i]] = torch.cat(pending, dim=0).to(device, self.model.dtype)
-        lens = torch.tensor(self._lens, device=device)  # [B]
-        positions = lens[:, None] + torch.arange(width, device=device)  # [B, P]
-        new = self.model.context_kv(feats, positions)  # per layer [B, h_kv, P, D]
-        self._reserve(max(self._lens) + width, new)
-        dst = positions[:, None, :, None]  # [B, 1, P, 1]; padding entries land past each row's new length
-        for buf, k in zip(self._keys, new.keys):
-            buf.scatter_(2, dst.expand_as(k), k)
-        for buf, v in zip(self._values, new.values):
-            buf.scatter_(2, dst.expand_as(v), v)
+        long_rows = [i for i, c in enumerate(counts) if c > _BATCHED_FLUSH]
+        short = [0 if i in long_rows else c for i, c in enumerate(counts)]
+        if max(short) > 0:
+            self._project(list(range(len(counts))), short, device)
+        for i in long_rows:
+            self._project([i], [counts[i]], device)
         self._lens = [n + c for n, c in zip(self._lens, counts)]
         self._pending = [[] for _ in counts]
+
+    def _project(self, rows: list[int], counts: list[int], device: torch.device) -> None:
+        """Project the pending features of ``rows`` (``counts[j]`` of row ``rows[j]``; either every row
+        of the batch or one) and write them after each row's context."""
+        width = max(counts)
+        feat_size = self.model.config.feature_size
+        feats = torch.zeros(len(rows), width, feat_size, dtype=self.model.dtype, device=device)  # [R, P, F]
+        for j, (i, c) in enumerate(zip(rows, counts)):
+            if c:
+                feats[j, :c] = torch.cat(self._pending[i], dim=0).to(device, self.model.dtype)
+        lens = torch.tensor([self._lens[i] for i in rows], device=device)  # [R]
+        positions = lens[:, None] + torch.arange(width, device=device)  # [R, P]
+        new = self.model.context_kv(feats, positions)  # per layer [R, h_kv, P, D]
+        self._reserve(int(lens.max()) + width, new)
+        dst = positions[:, None, :, None]  # [R, 1, P, 1]; padding entries land past each row's new length
+        one = rows[0] if len(rows) == 1 else None
+        for buf, k in zip(self._keys, new.keys):
+            (buf if one is None else buf[one : one + 1]).scatter_(2, dst.expand_as(k), k)
+        for buf, v in zip(self._values, new.values):
+            (buf if one is None else buf[one : one + 1]).scatter_(2, dst.expand_as(v), v)
 
     def _reserve(self, need: int, like: ContextKV) -> None:
         """Grow the buffers (zero-filled, capacity doubling) to hold ``need`` slots."""
@@ -192,7 +208,7 @@ class DFlashDraftBatch(DraftBatch):
         new_cap = max(need, 2 * cap, 64)
 
         def grow(old: torch.Tensor | None, ref: torch.Tensor) -> torch.Tensor:
-            buf = ref.new_zeros((ref.shape[0], ref.shape[1], new_cap, ref.shape[3]))  # zeros: masked slots stay finite
+            buf = ref.new_zeros((len(self._lens), ref.shape[1], new_cap, ref.shape[3]))  # zeros: masked slots stay finite
             if old is not None:
                 buf[:, :, :cap] = old
             return buf
