@@ -58,6 +58,8 @@ __all__ = ["SpeculationGate"]
 
 #: weight of the newest probe in the running share of probes that paid (``start_probe``)
 _PAID_WEIGHT = 0.25
+#: failed probes a setting must have costed before their excess lengthens the wait after one
+_EXCESS_SAMPLES = 3
 
 
 class SpeculationGate:
@@ -133,6 +135,7 @@ class SpeculationGate:
         #: steps it replaced, in plain steps (a failed probe at T = 0 still emits a few tokens, one at
         #: T = 1 hardly any, so the excess is the setting's own); it sets :attr:`cap`
         self._excess: dict[object, float] = {}
+        self._excess_n: dict[object, int] = {}  # failed probes costed, per setting
         self._cost_due = False  # the last update was a probe that did not pay: its cost is due
         #: per sampling key, how its last sequence ended: (speculating, backoff, gain, plain steps left before the probe)
         self._ended: dict[object, tuple[bool, int, float | None, int]] = {}
@@ -201,7 +204,10 @@ class SpeculationGate:
             cap = self.cap
             self.backoff = min(cap, max(self.backoff + 1, int(math.ceil(self.backoff * self.growth))))
             # probes dearer than a plain step wait proportionally longer: the same share of the wait
-            scale = 1.0 if self.probe_share is None or self.probe_excess is None else max(1.0, self.probe_excess)
+            # (only once a few probes were costed: a cold start's first probes, timed before any estimate
+            # settled or beside a burst, must not switch speculation off for long)
+            known = self._excess_n.get(self._key, 0) >= _EXCESS_SAMPLES
+            scale = 1.0 if self.probe_share is None or self.probe_excess is None or not known else max(1.0, self.probe_excess)
             self.wait = min(cap, int(math.ceil(self.backoff * scale)))
             self._cost_due = True
         else:  # speculation stopped paying: plain decoding until the first probe
@@ -234,6 +240,7 @@ class SpeculationGate:
         if not math.isfinite(excess_steps):
             return
         excess = max(0.0, float(excess_steps))
+        self._excess_n[self._key] = self._excess_n.get(self._key, 0) + 1
         last = self._excess.get(self._key)
         self._excess[self._key] = excess if last is None else 0.5 * (last + excess)
 
