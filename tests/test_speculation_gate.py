@@ -176,7 +176,7 @@ def test_expensive_failed_probes_raise_the_cap_so_they_cost_at_most_the_probe_sh
     assert gate.cap == 300  # ceil(3.0 / 0.01), above max_backoff
     where = [i for i, d in enumerate(drafted) if d]
     gaps = [b - a - 1 for a, b in zip(where, where[1:])]
-    # the back-off doubles (4, 8, 16, ...); once three failed probes were costed (3 plain steps each),
+    # the back-off doubles (4, 8, 16, ...); once two failed probes were costed (3 plain steps each),
     # each wait is the back-off times 3, up to the cap (a cold start's first probes never lengthen it)
     assert gaps[:6] == [4, 8, 16, 96, 192, 300]
     assert max(gaps) == 300 and gaps[-1] == 300

@@ -59,7 +59,7 @@ __all__ = ["SpeculationGate"]
 #: weight of the newest probe in the running share of probes that paid (``start_probe``)
 _PAID_WEIGHT = 0.25
 #: failed probes a setting must have costed before their excess lengthens the wait after one
-_EXCESS_SAMPLES = 3
+_EXCESS_SAMPLES = 2
 
 
 class SpeculationGate:
