@@ -49,8 +49,9 @@ def test_the_plugin_guide_package_installs_offline_and_its_use_example_runs(tmp_
     (pkg / "pyproject.toml").write_text(pyproject, encoding="utf-8")
     (pkg / "README.md").write_text("guide example\n", encoding="utf-8")
     (src / "hooks.py").write_text(hooks, encoding="utf-8")
-    for name in ("__init__.py", "drafter.py"):
-        (src / name).write_text((example / "src" / "bastion_example_drafter" / name).read_text(encoding="utf-8"))
+    for module in (example / "src" / "bastion_example_drafter").glob("*.py"):  # the components and __init__
+        if module.name != "hooks.py":
+            (src / module.name).write_text(module.read_text(encoding="utf-8"), encoding="utf-8")
     site = tmp_path / "site"
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                           "--no-index", "--target", str(site), str(pkg)], capture_output=True, text=True, timeout=300)

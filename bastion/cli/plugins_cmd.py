@@ -22,10 +22,12 @@ def run(args: argparse.Namespace) -> int:
 
     comps = registry.components()
     failures = registry.failures()
+    broken = {(c.kind, c.name): err for c in comps if (err := registry.check_factory(c)) is not None}
     if args.json:
         payload = {
-            "components": [c.as_dict() for c in comps],
-            "failed": [{"plugin": f.plugin, "source": f.source, "error": f.error} for f in failures],
+            "components": [{**c.as_dict(), "broken": broken.get((c.kind, c.name))} for c in comps],
+            "failed": [{"plugin": f.plugin, "source": f.source, "error": f.error, "component": f.component or None}
+                       for f in failures],
             "blocked": registry.blocked(),
         }
         print(json.dumps(payload, indent=2))
@@ -37,9 +39,16 @@ def run(args: argparse.Namespace) -> int:
             print("  (none)")
         for c in rows:
             desc = f"  - {c.description}" if c.description else ""
-            print(f"  {c.name:<20} [{c.source}]{desc}")
+            err = broken.get((c.kind, c.name))
+            mark = f"  BROKEN: {err}" if err else ""
+            print(f"  {c.name:<20} [{c.source}]{desc}{mark}")
     for f in failures:
-        print(f"failed plugin: {f.plugin} ({f.source}): {f.error}")
+        if f.component:
+            print(f"skipped component: {f.component} of plugin {f.plugin} ({f.source}): {f.error}")
+        else:
+            print(f"failed plugin: {f.plugin} ({f.source}): {f.error}")
+    if broken:
+        print(f"broken components: {len(broken)} (their factory cannot be imported; create() would fail)")
     for b in registry.blocked():
         print(f"blocked plugin: {b}")
     return 0

@@ -81,6 +81,9 @@ class PluginFailure:
     plugin: str  # entry point name
     source: str  # distribution name
     error: str
+    #: "kind 'name'" of one component skipped (a duplicate name) while the plugin's others registered;
+    #: empty when the whole plugin failed to load
+    component: str = ""
 
 
 class Registry:
@@ -126,7 +129,12 @@ class Registry:
         if self._blocked:
             msg += f" Blocked by {BLOCK_ENV}: {', '.join(self._blocked)} (their components are not registered)."
         if self._failures:
-            msg += " Plugins that failed to load: " + ", ".join(f"{f.plugin} ({f.source})" for f in self._failures) + "."
+            whole = [f for f in self._failures if not f.component]
+            skipped = [f for f in self._failures if f.component]
+            if whole:
+                msg += " Plugins that failed to load: " + ", ".join(f"{f.plugin} ({f.source})" for f in whole) + "."
+            if skipped:
+                msg += " Components skipped as duplicates: " + ", ".join(f"{f.component} of {f.plugin} ({f.source})" for f in skipped) + "."
         return msg
 
     def create(self, kind: str, name: str, **options: Any) -> Any:
@@ -175,6 +183,18 @@ class Registry:
     def failures(self) -> list[PluginFailure]:
         self.load()
         return list(self._failures)
+
+    def check_factory(self, info: ComponentInfo) -> str | None:
+        """Why ``info``'s factory cannot be used (a lazy ``"module:attribute"`` whose module or attribute
+        is missing, or that names something not callable), or None when it resolves. Imports the module
+        of a lazy factory: ``bastion plugins`` calls this for every component it lists."""
+        try:
+            factory = _resolve(info.factory)
+        except Exception as exc:
+            return f"cannot import {info.factory!r}: {type(exc).__name__}: {exc}"
+        if not callable(factory):
+            return f"{info.factory!r} is a {type(factory).__name__}, not a class or function"
+        return None
 
     def blocked(self) -> list[str]:
         self.load()
@@ -256,7 +276,10 @@ class Registry:
             )
         self._components[key] = info
 
-    def _register_plugin(self, plugin: object, name: str, source: str) -> None:
+    def _register_plugin(self, plugin: object, name: str, source: str, *, skip_duplicates: bool = False) -> None:
+        """Register ``plugin`` and collect its components. With ``skip_duplicates`` (entry-point plugins) a
+        name another source already registered for the same kind is skipped with a warning and a listed
+        failure naming both sources, and the plugin's other components stay registered."""
         self.pm.register(plugin, name=name)
         unknown = self._unknown_hooks(plugin)
         if unknown:
@@ -267,7 +290,17 @@ class Registry:
             )
 
         def register(kind: str, cname: str, factory: Callable[..., Any] | str, *, description: str = "") -> None:
-            self._add(ComponentInfo(kind, cname, factory, source, name, description))
+            try:
+                self._add(ComponentInfo(kind, cname, factory, source, name, description))
+            except DuplicateComponentError as exc:
+                if not skip_duplicates:
+                    raise
+                self._failures.append(PluginFailure(name, source, f"skipped: {exc}", component=f"{kind} {cname!r}"))
+                warnings.warn(
+                    PluginLoadWarning(f"bastion plugin {name!r} from {source!r}: {kind} {cname!r} skipped, {exc}; "
+                                      "its other components are registered"),
+                    stacklevel=5,
+                )
 
         others = [p for p in self.pm.get_plugins() if p is not plugin]
         self.pm.subset_hook_caller("bastion_register_components", remove_plugins=others)(register=register)
@@ -292,12 +325,13 @@ class Registry:
                 continue
             if self.pm.has_plugin(ep.name):
                 continue
-            snapshot = dict(self._components)
+            snapshot, failed = dict(self._components), len(self._failures)
             try:
                 module = ep.load()
-                self._register_plugin(module, ep.name, dist)
+                self._register_plugin(module, ep.name, dist, skip_duplicates=True)
             except Exception as exc:  # a broken plugin must not take the built-ins down
                 self._components = snapshot  # roll back whatever it registered before failing
+                del self._failures[failed:]
                 if self.pm.has_plugin(ep.name):
                     self.pm.unregister(name=ep.name)
                 msg = f"{type(exc).__name__}: {exc}"
