@@ -37,10 +37,10 @@ from bastion.core.interfaces import (
 )
 from bastion.core.registry import Registry, registry as default_registry
 from bastion.core.running import RobustLevel
-from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens, seeded_generator
+from bastion.core.sampling import PositionalStream, at_position, sample_tokens, seeded_generator
 from bastion.core.sync import device_sync, to_device
 from bastion.core.target import Target
-from bastion.core.text import TextTracker, check_stop_strings
+from bastion.core.text import TextTracker
 from bastion.core.tree import HostTree, Tree
 from bastion.engine import Engine, GenerationConfig, SamplingParams, generation_config
 from bastion.core.types import (
@@ -918,14 +918,6 @@ class Pipeline:
         return verdict
 
     # ------------------------------------------------------------------ helpers
-    def _check_request(self, max_new_tokens: int, temperature: float, top_p: float, top_k: int) -> SamplingConfig:
-        """The sampling rule of a request, after checking the token limit and the verifier's support."""
-        max_new_tokens = check_int("max_new_tokens", max_new_tokens)
-        sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
-        if not sampling.greedy and not self.verifier.supports_sampling:
-            raise InvalidInputError(f"verifier {type(self.verifier).__name__} supports greedy decoding only")
-        return sampling
-
     def _root_tree(self, root: int) -> Tree:
         """The one-node tree of a plain step (its host copy attached: no device read; the token written by
         a fill, no host-to-device copy)."""

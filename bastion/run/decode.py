@@ -12,13 +12,12 @@ import torch
 from attrs import frozen
 
 from bastion.core.errors import BastionError
-from bastion.core.text import TextTracker
 from bastion.core.types import GenerationResult
 from bastion.run.encode import EncodedRow
 from bastion.run.inputs import RowError
 from bastion.run.journal import ResultRow, RowWriter, error_row, item_key, ok_row
 
-__all__ = ["RankStats", "Progress", "decode_work", "generate_rows", "apply_stop", "seed_runs"]
+__all__ = ["RankStats", "Progress", "decode_work", "generate_rows", "seed_runs"]
 
 
 @frozen
@@ -65,29 +64,10 @@ def seed_runs(idx: list[int], rows: list[EncodedRow]) -> list[list[int]]:
     return runs
 
 
-def apply_stop(tokenizer: Any, result: GenerationResult, stop: tuple[str, ...]) -> GenerationResult:
-    """``result`` cut at the first of the ``stop`` strings, as ``Pipeline.generate(..., stop=stop)``
-    gives it: the tokens up to the one completing the stop string, ``text`` ending right before it,
-    ``stop_reason`` ``"stop"`` (unchanged when no stop string appears). The tokens before a stop string
-    do not depend on what follows it, so cutting a longer decode gives the same row."""
-    tracker = TextTracker(tokenizer, stop)
-    tracker.push(result.tokens)
-    if not tracker.stopped:
-        return result
-    keep = int(tracker.stop_tokens or 0)
-    steps, total = [], 0
-    for step in result.steps:
-        if total >= keep:
-            break
-        steps.append(step)
-        total += step.accepted + 1
-    return attrs.evolve(result, tokens=list(result.tokens[:keep]), steps=tuple(steps), stop_reason="stop", text=tracker.text)
-
-
 def generate_rows(pipe: Any, rows: list[EncodedRow]) -> list[GenerationResult]:
     """One :class:`GenerationResult` per row, in order. Rows asking for different settings go to
     ``generate_batch`` as separate groups; sampled rows are split into runs of consecutive seeds
-    (:func:`seed_runs`); stop strings cut each row's result (:func:`apply_stop`)."""
+    (:func:`seed_runs`); stop strings end each row where they first appear, as ``generate`` does."""
     results: list[Any] = [None] * len(rows)
     groups: dict[tuple[Any, ...], list[int]] = {}
     for k, row in enumerate(rows):
@@ -102,9 +82,10 @@ def generate_rows(pipe: Any, rows: list[EncodedRow]) -> list[GenerationResult]:
                 seed=rows[run[0]].decode.seed,
                 top_p=first.top_p,
                 top_k=first.top_k,
+                stop=first.stop or None,  # a row ends at its stop string: no tokens decoded past it
             )
             for k, res in zip(run, out):
-                results[k] = apply_stop(pipe.tokenizer, res, first.stop) if first.stop else res
+                results[k] = res
     return results
 
 
