@@ -8,6 +8,10 @@ Method names (``--methods``):
 - ``best-first@N``: the best-first tree truncated to a fixed budget of N nodes (DDTree); any registered
   tree builder works as ``NAME@N`` (fixed budget) or ``NAME`` (every node it builds);
 - ``bastion``: the best-first tree with the adaptive ``bastion`` budget controller;
+- ``eagle3``: EAGLE-3's own tree: an ``eagle3`` drafter's whole candidate tree (at its ``total_token``,
+  ``depth`` and ``top_k``, by default 60, 7 and 10) verified every step (the ``full`` controller), as
+  EAGLE-3 decodes; it needs an EAGLE-3 drafter (``bastion:eagle3`` runs bastion's controller over the same
+  proposals);
 - ``BUILDER@CONTROLLER``: any registered tree builder with any registered budget controller (e.g.
   ``static@bastion`` or a plugin's ``my-builder@my-controller``); each component takes the options the
   benchmark holds for its name.
@@ -35,6 +39,8 @@ from bastion.core.types import GenerationResult, SamplingConfig, StageTimings, S
 __all__ = [
     "AR",
     "ADAPTIVE",
+    "EAGLE3",
+    "is_eagle3_drafter",
     "MethodSpec",
     "parse_method",
     "default_methods",
@@ -45,6 +51,8 @@ __all__ = [
 
 AR = "ar"
 ADAPTIVE = "bastion"
+#: EAGLE-3's own decoding: the whole candidate tree of an ``eagle3`` drafter, verified every step
+EAGLE3 = "eagle3"
 #: separates a method from its drafter family in a method name (``chain:model``)
 FAMILY_SEP = ":"
 
@@ -69,6 +77,7 @@ class MethodSpec:
     tree_options: Mapping[str, Any] = field(factory=dict)
     max_nodes: int = 64
     drafter: str | None = None  # drafter family (``METHOD:FAMILY``); None: the run's only drafter
+    eagle3_only: bool = False  # the method is an EAGLE-3 drafter's own tree (needs that drafter)
 
     @property
     def is_ar(self) -> bool:
@@ -102,6 +111,8 @@ def parse_method(
         return attrs.evolve(spec, name=name, drafter=family)
     if name == AR:
         return MethodSpec(AR, None)
+    if name == EAGLE3:  # every candidate the drafter proposes: best-first over them, all verified
+        return MethodSpec(EAGLE3, "best-first", controller="full", max_nodes=_UNBOUNDED_NODES, eagle3_only=True)
     if name == ADAPTIVE:
         return MethodSpec(ADAPTIVE, "best-first", controller="bastion", tree_options=dict(opts.get("best-first", {})),
                           controller_options=dict(copts.get("bastion", {})), max_nodes=max_nodes)
@@ -112,7 +123,7 @@ def parse_method(
     tree, sep, suffix = name.partition("@")
     if tree not in known_trees:
         raise InvalidInputError(
-            f"unknown method {name!r}: use ar, bastion, or a tree builder ({', '.join(known_trees) or 'none registered'}) "
+            f"unknown method {name!r}: use ar, bastion, eagle3, or a tree builder ({', '.join(known_trees) or 'none registered'}) "
             "optionally with @N for a fixed budget of N nodes or @CONTROLLER for a registered budget controller"
         )
     if not sep:
@@ -135,6 +146,13 @@ def parse_method(
         name, tree, controller=suffix, controller_options=dict(copts.get(suffix, {})), tree_options=dict(opts.get(tree, {})),
         max_nodes=max_nodes,
     )
+
+
+def is_eagle3_drafter(drafter: Any) -> bool:
+    """Whether ``drafter`` is an ``eagle3`` drafter (whose own tree the ``eagle3`` method verifies)."""
+    from bastion.drafters.eagle3.drafter import Eagle3Drafter
+
+    return isinstance(drafter, Eagle3Drafter)
 
 
 def default_methods(budgets: tuple[int, ...] = (4, 8, 16, 32, 64)) -> tuple[str, ...]:
@@ -289,6 +307,11 @@ def build_decoder(
     and ``verifier`` are registered names, created with ``component_options[kind]``."""
     if spec.is_ar:
         return ARDecoder(target)
+    if spec.eagle3_only and not is_eagle3_drafter(drafter):
+        raise InvalidInputError(
+            f"method {spec.name!r} verifies an EAGLE-3 drafter's own candidate tree; the drafter is "
+            f"{type(drafter).__name__} (load an EAGLE-3 checkpoint, e.g. --drafters eagle3)"
+        )
     from bastion import registry as default_registry
 
     reg = registry or default_registry
