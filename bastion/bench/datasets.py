@@ -161,7 +161,7 @@ def _hub_records(source: str) -> Iterable[dict[str, Any]]:
         import datasets  # type: ignore[import-not-found]
     except ImportError:
         raise InvalidInputError(
-            f"dataset source {source!r} needs the Hugging Face 'datasets' package (pip install datasets)"
+            f"dataset source {source!r} needs the Hugging Face 'datasets' package: pip install 'bastion[hf]'"
         ) from None
     ident, _, split = source.partition("@")
     repo, _, config = ident.partition(":")

@@ -23,7 +23,15 @@ __all__ = [
 
 
 def _plt() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from bastion.core.errors import InvalidInputError
+
+        raise InvalidInputError(
+            "the bench's PNG plots need matplotlib, which is not installed: pip install 'bastion[plot]' "
+            "(or pass --no-plots)"
+        ) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -153,6 +153,20 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     from bastion.bench.contention import Contention, parse_contention
 
+    if not args.no_plots:  # a missing plotting library fails before any model loads, not after the bench
+        import importlib.util
+
+        from bastion.core.errors import InvalidInputError
+
+        try:
+            found = importlib.util.find_spec("matplotlib") is not None
+        except ValueError:  # present in sys.modules as None: imports of it fail
+            found = False
+        if not found:
+            raise InvalidInputError(
+                "the bench's PNG plots need matplotlib, which is not installed: pip install 'bastion[plot]' "
+                "(or pass --no-plots)"
+            )
     contention = Contention(parse_contention(args.contention))  # a bad spec fails before any model loads
     config = build_config(args)
     if args.scenario:
