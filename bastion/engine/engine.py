@@ -16,7 +16,7 @@ states before the next step, so no compute is spent on them and their cache rows
 
 Each request owns its state (:class:`~bastion.engine.request.Request`): its output is exactly what it
 gives decoded alone (greedy), and at T > 0 its seeded positional stream draws the same samples whatever
-the batch, the trees or the timings. The engine is not thread-safe: one thread owns it (the server's
+the batch, the trees or the timings (in float32; see docs/verification.md for lower precisions). The engine is not thread-safe: one thread owns it (the server's
 engine thread, or the caller of ``Pipeline.generate_batch``).
 """
 

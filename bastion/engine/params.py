@@ -48,8 +48,9 @@ def _flag(name: str):  # type: ignore[no-untyped-def]
 @frozen
 class SamplingParams:
     """How a request samples: ``temperature`` 0 is greedy; ``top_p`` 1 and ``top_k`` 0 switch those
-    filters off; ``seed`` (an int in [0, 2**64) or None) makes sampling repeatable whatever the batch,
-    the trees or the timings."""
+    filters off; ``seed`` (an int in [0, 2**64) or None) makes sampling repeatable: the same seed
+    and trees give the same tokens in every dtype, and in float32 whatever the batch, the trees or the
+    timings (lower precisions round forwards of other widths differently: docs/verification.md)."""
 
     temperature: float = field(default=0.0)
     top_p: float = field(default=1.0)
