@@ -74,7 +74,7 @@ def test_a_typo_in_a_lazy_factory_shows_as_broken_in_bastion_plugins(fake_plugin
     assert "broken components: 2" in out
     assert main(["plugins", "--json"]) == 0
     rows = {c["name"]: c for c in json.loads(capsys.readouterr().out)["components"]}
-    assert rows["fh-good"]["broken"] is None and "ModuleNotFoundError" in rows["fh-bad-module"]["broken"]
+    assert "broken" not in rows["fh-good"] and "ModuleNotFoundError" in rows["fh-bad-module"]["broken"]
     assert "AttributeError" in rows["fh-bad-class"]["broken"]
     with pytest.raises(PluginLoadError, match="NGramDrafterr"):
         reg.create("drafter", "fh-bad-class")

@@ -25,8 +25,10 @@ def run(args: argparse.Namespace) -> int:
     broken = {(c.kind, c.name): err for c in comps if (err := registry.check_factory(c)) is not None}
     if args.json:
         payload = {
-            "components": [{**c.as_dict(), "broken": broken.get((c.kind, c.name))} for c in comps],
-            "failed": [{"plugin": f.plugin, "source": f.source, "error": f.error, "component": f.component or None}
+            # "broken" (why its factory cannot be imported) and "component" (a skipped duplicate) only when set
+            "components": [{**c.as_dict(), **({"broken": broken[(c.kind, c.name)]} if (c.kind, c.name) in broken else {})}
+                           for c in comps],
+            "failed": [{"plugin": f.plugin, "source": f.source, "error": f.error, **({"component": f.component} if f.component else {})}
                        for f in failures],
             "blocked": registry.blocked(),
         }
