@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     settings = ServeSettings(
         host=args.host, port=args.port, max_running=args.max_running, max_queue=args.max_queue,
         drain_timeout=args.drain_timeout, model_name=served_model_name(args), chat_max_tokens=args.chat_max_tokens,
-        prefill_tokens=args.prefill_tokens, prefill_chunk=args.prefill_chunk or None, log_level="info" if args.verbose else "warning",
+        prefill_tokens=args.prefill_tokens, prefill_chunk=args.prefill_chunk or None, log_level=_server_log_level(args.verbose),
     )  # checked before any model loads
     pipe = build_pipeline(args)
     server = BastionServer(pipe, settings)
@@ -91,3 +91,10 @@ def run(args: argparse.Namespace) -> int:
     code = server.run()
     print(f"bastion serve: stopped (drained in {server.drained_in or 0.0:.2f} s)", file=sys.stderr, flush=True)
     return code
+
+
+def _server_log_level(verbose: bool) -> str:
+    """The web server's log level: the run's --log-level when given, else info with --verbose."""
+    from bastion.core.logs import requested_level
+
+    return requested_level() or ("info" if verbose else "warning")
