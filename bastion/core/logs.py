@@ -9,7 +9,8 @@ command calls :func:`configure_logging` once per run:
   info logs and weight-loading progress bars too.
 - ``--log-level LEVEL`` (``debug``, ``info``, ``warning``, ``error``): every logger, bastion's and the
   libraries', at that level, and Python warnings routed through logging (the ``py.warnings`` logger) at
-  the same level; progress bars at ``info`` and ``debug``.
+  the same level (torch's own info lines, compiler statistics, only at ``debug``); progress bars at
+  ``info`` and ``debug``.
 """
 
 from __future__ import annotations
@@ -91,7 +92,9 @@ def configure_logging(level: str | None = None, *, verbose: bool = False) -> Non
         _handler(py_warnings, "%(message)s")
         py_warnings.setLevel(libraries)
     for name in _LIBRARIES:
-        logging.getLogger(name).setLevel(libraries)
+        # torch's INFO lines are compiler statistics: shown at debug only
+        chatty = name == "torch" and libraries == logging.INFO
+        logging.getLogger(name).setLevel(logging.WARNING if chatty else libraries)
     _library_verbosity(libraries, progress)
 
 
