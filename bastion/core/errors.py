@@ -39,6 +39,15 @@ class InvalidFileError(InvalidInputError):
     The message names the file and, where one is at fault, the field."""
 
 
+class CheckpointMismatchError(InvalidFileError, IncompatibleComponentsError):
+    """A checkpoint's weights disagree with its own config (a missing, unexpected or wrongly shaped
+    tensor, a layer count the weights do not hold). The message names the checkpoint and the tensors."""
+
+
+class InvalidOptionError(InvalidInputError, TypeError):
+    """A component was created with an option it does not take (a typo in ``registry.create(...)``)."""
+
+
 class FileSystemError(BastionError, OSError):
     """A file or folder bastion must read or write cannot be: missing, a directory, read-only, a full
     disk, held by another process... The message names the path and the cause."""

@@ -23,6 +23,8 @@ __all__ = [
     "confined_path",
     "safetensors_files",
     "check_weights_folder",
+    "FLOAT_DTYPES",
+    "float_weight_error",
     "atomic_path",
     "atomic_write",
     "write_json_atomic",
@@ -165,15 +167,33 @@ def safetensors_files(directory: str | Path, *, index_name: str = "model.safeten
     return sorted(directory.glob("*.safetensors"))
 
 
-def check_weights_folder(directory: str | Path) -> None:
+def check_weights_folder(directory: str | Path) -> dict[str, tuple[Path, TensorInfo]]:
     """Read ``config.json`` and every safetensors header of a local weights folder: a non-JSON config,
     a broken index or a truncated, empty or garbled weights file raises :class:`InvalidFileError`
-    naming it, before a loader gets to it."""
+    naming it, before a loader gets to it. Returns every tensor name -> (its file, its header entry)."""
     directory = Path(directory)
     if (directory / "config.json").is_file():
         read_json_object(directory / "config.json")
+    found: dict[str, tuple[Path, TensorInfo]] = {}
     for path in safetensors_files(directory):
-        read_safetensors_header(path)
+        found.update((name, (path, info)) for name, info in read_safetensors_header(path).items())
+    return found
+
+
+_TORCH_NAMES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
+                "U32": "uint32", "I64": "int64", "U64": "uint64"}
+
+#: safetensors dtypes of floating weights
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"})
+
+
+def float_weight_error(path: Path, name: str, info: TensorInfo) -> InvalidFileError:
+    """The error for the floating weight ``name`` of ``path`` stored in a non-floating dtype."""
+    torch_name = _TORCH_NAMES.get(info.dtype, info.dtype.lower())
+    return InvalidFileError(
+        f"{path}: tensor {name!r} is stored as {info.dtype} ({torch_name}) {tuple(info.shape)}; weights must be floating point "
+        f"(F32, BF16, F16...): integer or bool weights would be cast into nonsense"
+    )
 
 
 @contextlib.contextmanager

@@ -19,15 +19,25 @@ import torch
 from bastion.core.checks import check_device
 from bastion.core.compiled_verify import CompileOptions, StaticVerify, compile_options
 from bastion.core.dtypes import auto_dtype, parse_dtype
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.core.files import check_weights_folder
+from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError
+from bastion.core.files import FLOAT_DTYPES, TensorInfo, check_weights_folder, float_weight_error, read_json_object
+from bastion.core.hf_config import check_model_size, physical_memory
 from bastion.core.hf_compat import cache_kwargs
 from bastion.core.kv_slab import slab_cache
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 from bastion.core.types import TargetOutput
 
-__all__ = ["HFTarget", "SUPPORTED_ATTENTION", "DeviceMap", "compute_in_auto_dtype", "single_device", "require_accelerate"]
+__all__ = [
+    "HFTarget",
+    "SUPPORTED_ATTENTION",
+    "DeviceMap",
+    "compute_in_auto_dtype",
+    "single_device",
+    "require_accelerate",
+    "load_checked_causal_lm",
+    "check_finite_weights",
+]
 
 #: a Hugging Face ``device_map``: a strategy name, one device, or module name -> device
 DeviceMap = Union[str, int, torch.device, Mapping[str, Union[str, int, torch.device]]]
@@ -177,25 +187,23 @@ class HFTarget(Target):
         dtype = parse_dtype(dtype, allow_auto=True) or "auto"  # any name bastion accepts ("bf16", "fp32", ...)
         from transformers import AutoModelForCausalLM
 
-        if Path(path_or_id).expanduser().is_dir():
-            check_weights_folder(Path(path_or_id).expanduser())  # broken files are named before HF reads them
         single = device if device_map is None else single_device(device_map)
         if single is not None:
             single = check_device(single)
         else:
             require_accelerate(device_map)
             kwargs["device_map"] = device_map
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path_or_id), dtype=dtype, attn_implementation=attn_implementation, **kwargs
-            )
-        except (OSError, ValueError, KeyError) as exc:  # missing files, unknown model types, bad hub ids
-            raise InvalidInputError(f"cannot load the target model {str(path_or_id)!r}: {exc}") from exc
+        model = load_checked_causal_lm(
+            path_or_id, "the target model", dtype=dtype, attn_implementation=attn_implementation,
+            memory_bound=single is not None, **kwargs,
+        )
         if single is None:
+            check_finite_weights(model, path_or_id)
             return cls(model, compile=compile)
         model = model.to(single)
         if dtype == "auto":
             model = compute_in_auto_dtype(model, single, f"target {str(path_or_id)!r}")
+        check_finite_weights(model, path_or_id)
         return cls(model, compile=compile)
 
     def compile_verify(self, options: CompileOptions | bool | dict[str, Any] | None = True) -> CompileOptions | None:
@@ -476,3 +484,140 @@ def single_device_of(model: torch.nn.Module) -> torch.device | None:
 
 def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
+
+
+# ---------------------------------------------------------------------------------------------- checked loading
+_DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _bytes_per_param(dtype: Any, raw: Mapping[str, Any], headers: Mapping[str, tuple[Path, TensorInfo]]) -> int:
+    if isinstance(dtype, torch.dtype):
+        return dtype.itemsize
+    stated = str(raw.get("dtype") or raw.get("torch_dtype") or "").replace("torch.", "")
+    if stated in _DTYPE_BYTES:
+        return _DTYPE_BYTES[stated]
+    if headers:
+        return {"F64": 8, "F32": 4}.get(next(iter(headers.values()))[1].dtype, 2)
+    return 4
+
+
+def _weights_name(headers: Mapping[str, tuple[Path, TensorInfo]], folder: Path) -> str:
+    files = sorted({str(path) for path, _ in headers.values()})
+    return ", ".join(files) if files else str(folder)
+
+
+def _lookup(headers: Mapping[str, tuple[Path, TensorInfo]], name: str, prefix: str) -> tuple[str, Path, TensorInfo] | None:
+    """The header entry of the model tensor ``name`` (Hugging Face may add or drop the base model prefix)."""
+    for key in (name, f"{prefix}.{name}", name[len(prefix) + 1 :] if name.startswith(prefix + ".") else None):
+        if key and key in headers:
+            return (key, *headers[key])
+    return None
+
+
+def load_checked_causal_lm(path_or_id: str | Path, what: str, *, memory_bound: bool = True, **kwargs: Any) -> Any:
+    """``AutoModelForCausalLM.from_pretrained(path_or_id, **kwargs)``, complete or refused.
+
+    Before anything is built, a local folder's ``config.json`` sizes must be ints >= 1 and describe a model
+    no larger than its weights (and, with ``memory_bound``, than this machine's memory); a DFlash drafter
+    folder is refused. After loading, a tensor the model needs but the files lack (a tied head is not
+    needed), a tensor the model does not have, a shape mismatch, and a floating weight stored as integers
+    or bools raise :class:`InvalidFileError` naming the file and the tensor: none of them is ever
+    initialised at random or cast. Other load failures raise :class:`InvalidInputError` naming ``what``."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(path_or_id).expanduser()
+    headers: dict[str, tuple[Path, TensorInfo]] = {}
+    raw: dict[str, Any] = {}
+    if folder.is_dir():
+        headers = check_weights_folder(folder)  # broken files are named before HF reads them
+        config_path = folder / "config.json"
+        if config_path.is_file():
+            raw = read_json_object(config_path)
+            if isinstance(raw.get("dflash_config"), dict):
+                raise InvalidFileError(
+                    f"{config_path}: a DFlash drafter checkpoint (it has a dflash_config section), not a causal LM; "
+                    "load it as a drafter: registry.create('drafter', 'dflash', checkpoint=...)"
+                )
+            check_model_size(
+                raw,
+                config_path,
+                stored={k: info.shape for k, (_, info) in headers.items()} if headers else None,
+                bytes_per_param=_bytes_per_param(kwargs.get("dtype"), raw, headers),
+                limit_bytes=physical_memory() if memory_bound else None,
+            )
+    kwargs.setdefault("ignore_mismatched_sizes", True)  # mismatches come back in the loading info, refused below
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(str(path_or_id), output_loading_info=True, **kwargs)
+    except MemoryError:
+        raise
+    except Exception as exc:  # missing files, unknown model types, bad hub ids, configs HF cannot build
+        raise InvalidInputError(f"cannot load {what} {str(path_or_id)!r}: {type(exc).__name__}: {exc}") from exc
+    check_loading_info(model, info, folder if folder.is_dir() else path_or_id, headers)
+    return model
+
+
+def check_loading_info(model: Any, info: Mapping[str, Any], source: Any, headers: Mapping[str, tuple[Path, TensorInfo]]) -> None:
+    """Refuse what Hugging Face's loading report (``output_loading_info=True``) lists, and floating weights
+    stored as integers or bools (read from ``headers``), as :class:`InvalidFileError` naming file and tensor."""
+    where = _weights_name(headers, Path(str(source)))
+    prefix = str(getattr(model, "base_model_prefix", "") or "model")
+    mismatched = sorted(info.get("mismatched_keys") or (), key=lambda k: str(k[0]))
+    if mismatched:
+        key, stored, wanted = (list(mismatched[0]) + [None, None])[:3]
+        hit = _lookup(headers, str(key), prefix)
+        raise InvalidFileError(
+            f"{hit[1] if hit else where}: tensor {key!r} has shape {tuple(stored) if stored else '?'} but the "
+            f"config gives {tuple(wanted) if wanted else '?'}"
+            + (f" ({len(mismatched) - 1} more mismatched)" if len(mismatched) > 1 else "")
+        )
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise InvalidFileError(
+            f"{where}: lacks tensor{'s' if len(missing) > 1 else ''} {', '.join(repr(k) for k in missing[:5])}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            + " that the model needs; refused rather than initialised at random"
+        )
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    if unexpected:
+        hit = _lookup(headers, unexpected[0], prefix)
+        raise InvalidFileError(
+            f"{hit[1] if hit else where}: holds tensor{'s' if len(unexpected) > 1 else ''} "
+            f"{', '.join(repr(k) for k in unexpected[:5])} that the model does not have (another architecture, or "
+            "a config that does not match the weights)"
+        )
+    if headers:
+        state = model.state_dict()
+        for name, (path, tinfo) in headers.items():
+            if tinfo.dtype in FLOAT_DTYPES:
+                continue
+            for key in (name, f"{prefix}.{name}", name[len(prefix) + 1 :] if name.startswith(prefix + ".") else ""):
+                tensor = state.get(key)
+                if tensor is not None and tensor.is_floating_point():
+                    raise float_weight_error(path, name, tinfo)
+
+
+def check_finite_weights(model: torch.nn.Module, source: Any, *, chunk: int = 1 << 24) -> None:
+    """Every floating parameter of ``model`` must be finite; a NaN or infinite weight raises
+    :class:`InvalidFileError` naming ``source`` (and the file, for a local folder) and the tensor, so a
+    broken target is blamed at load instead of its drafter at the first step. One pass over the weights
+    on their device, in chunks of ``chunk`` elements, with one host sync per device."""
+    flags: dict[torch.device, torch.Tensor] = {}
+    params = [(n, p) for n, p in model.named_parameters() if p.is_floating_point() and p.device.type != "meta"]
+    with torch.no_grad():
+        for _, p in params:
+            flag = flags.get(p.device)
+            for part in p.detach().reshape(-1).split(chunk):
+                bad = ~torch.isfinite(part).all()
+                flag = bad if flag is None else flag | bad
+            flags[p.device] = flag
+        if not any(bool(f) for f in flags.values() if f is not None):
+            return
+        for name, p in params:
+            if not bool(torch.isfinite(p.detach()).all()):
+                folder = Path(str(source)).expanduser()
+                where = str(source)
+                if folder.is_dir():
+                    headers = check_weights_folder(folder)
+                    hit = _lookup(headers, name, str(getattr(model, "base_model_prefix", "") or "model"))
+                    where = str(hit[1]) if hit else _weights_name(headers, folder)
+                raise InvalidFileError(f"{where}: tensor {name!r} holds NaN or infinite values; the model cannot decode")

@@ -28,6 +28,7 @@ from bastion.core import hookspecs
 from bastion.core.errors import (
     DuplicateComponentError,
     IncompatibleComponentsError,
+    InvalidOptionError,
     PluginLoadError,
     UnknownComponentError,
 )
@@ -149,6 +150,7 @@ class Registry:
                 f"{kind} {name!r} from {info.source} ({info.plugin}) could not be imported from "
                 f"{info.factory!r}: {type(exc).__name__}: {exc}"
             ) from exc
+        _check_options(kind, name, factory, options)
         return factory(**options)
 
     def drafter_for_checkpoint(self, path: str) -> str:
@@ -165,6 +167,7 @@ class Registry:
             except Exception:  # a drafter that cannot even be imported or asked claims nothing
                 continue
         if not claimants:
+            _check_checkpoint_config(path)  # a broken config.json is named, not reported as claimed by nobody
             raise UnknownComponentError(
                 f"{path!r} is neither a registered drafter ({', '.join(self.names('drafter')) or 'none'}) nor a "
                 "checkpoint any registered drafter claims"
@@ -378,3 +381,33 @@ def _resolve(factory: Callable[..., Any] | str) -> Callable[..., Any]:
 
 #: the process-wide default registry (``bastion.registry``)
 registry = Registry()
+
+
+def _check_options(kind: str, name: str, factory: Any, options: dict[str, Any]) -> None:
+    """Options ``factory`` does not take (a typo) raise :class:`InvalidOptionError`, a bastion error and a
+    ``TypeError``, naming the option and the ones it takes, before the factory runs."""
+    import inspect
+
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # builtins and C callables: let the call itself decide
+        return
+    try:
+        signature.bind(**options)
+    except TypeError as exc:
+        takes = [p.name for p in signature.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        raise InvalidOptionError(
+            f"{kind} {name!r}: {exc}; it takes {', '.join(takes) or 'no options'}"
+        ) from None
+
+
+def _check_checkpoint_config(path: str) -> None:
+    """A local folder's ``config.json`` that exists but is not a JSON object raises
+    :class:`InvalidFileError` naming it."""
+    from pathlib import Path
+
+    from bastion.core.files import read_json_object
+
+    config = Path(str(path)).expanduser() / "config.json"
+    if config.is_file():
+        read_json_object(config)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from bastion.core.errors import InvalidFileError, InvalidInputError
-from bastion.core.files import read_json_object, read_safetensors_header, safetensors_files
+from bastion.core.files import FLOAT_DTYPES, float_weight_error, read_json_object, read_safetensors_header, safetensors_files
 
 #: the file names of a DFlash checkpoint folder
 CONFIG_NAME = "config.json"
@@ -63,10 +63,14 @@ def weight_files(directory: str | Path) -> list[Path]:
 
 def read_weight_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
     """Tensor names -> shapes of a checkpoint's weights, read from the safetensors headers only (no
-    tensor data is loaded); rotary buffers left out. Broken files raise :class:`InvalidFileError`."""
+    tensor data is loaded); rotary buffers left out. Broken files, and weights stored in a dtype that is
+    not floating point (integers, bools), raise :class:`InvalidFileError` naming the file and tensor."""
     shapes: dict[str, tuple[int, ...]] = {}
     for path in weight_files(directory):
-        shapes.update((k, info.shape) for k, info in read_safetensors_header(path).items())
+        for name, info in read_safetensors_header(path).items():
+            if info.dtype not in FLOAT_DTYPES and not name.endswith("rotary_emb.inv_freq"):
+                raise float_weight_error(path, name, info)  # would be cast silently into nonsense
+            shapes[name] = info.shape
     return {k: v for k, v in shapes.items() if not k.endswith("rotary_emb.inv_freq")}
 
 

@@ -16,9 +16,13 @@ from bastion.core.files import read_json_object
 from bastion.core.hf_config import DecoderShape, config_dict, config_value
 from bastion.drafters.dflash.checkpoint import CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, resolve_checkpoint_dir
 
-__all__ = ["DFlashConfig", "default_target_layer_ids", "CONFIG_NAME", "WEIGHTS_NAME", "WEIGHTS_INDEX_NAME"]
+__all__ = ["DFlashConfig", "MAX_BLOCK_SIZE", "default_target_layer_ids", "CONFIG_NAME", "WEIGHTS_NAME", "WEIGHTS_INDEX_NAME"]
 
 ARCHITECTURE = "DFlashDraftModel"
+
+#: the largest block a DFlash config may declare (published drafters use 8 to 16): a larger one is a
+#: corrupt config, and drafting it would allocate block_size x (hidden + vocab) activations per step
+MAX_BLOCK_SIZE = 1024
 
 #: keys of config.json that map to DFlashConfig fields (everything else is kept verbatim in ``extra``)
 _HANDLED_KEYS = frozenset(
@@ -98,6 +102,14 @@ class DFlashConfig:
     def __attrs_post_init__(self) -> None:
         if self.block_size < 2:
             raise InvalidInputError(f"DFlashConfig.block_size must be >= 2 (anchor + masks), got {self.block_size}")
+        if self.block_size > min(MAX_BLOCK_SIZE, self.max_position_embeddings):
+            step = self.block_size * (self.hidden_size + self.vocab_size) * 4  # a block's hidden states and logits
+            raise InvalidInputError(
+                f"block_size={self.block_size} is more than the {min(MAX_BLOCK_SIZE, self.max_position_embeddings)} "
+                f"positions a block may span (max_position_embeddings={self.max_position_embeddings}, at most "
+                f"{MAX_BLOCK_SIZE}): one draft step would need {step / 1e9:.3g} GB of float32 activations "
+                f"(block_size x (hidden_size + vocab_size) x 4 bytes)"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise InvalidInputError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -194,6 +206,9 @@ class DFlashConfig:
         if missing:
             raise InvalidInputError(f"DFlash config is missing {', '.join(missing)}")
         ints = {k: _int_field(data, k) for k in required}
+        for key in ("num_attention_heads", "hidden_size"):  # divided by below: refuse 0 before dividing
+            if ints[key] < 1:
+                raise InvalidInputError(f"{key} must be an int >= 1, got {ints[key]}")
         layer_types = data.get("layer_types") or []
         if not isinstance(layer_types, list):
             raise InvalidInputError(f"layer_types must be a list, got {type(layer_types).__name__}")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from bastion.core.checks import check_device
 from bastion.core.dtypes import auto_dtype, parse_dtype
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import Drafter
@@ -117,6 +118,7 @@ class DFlashDrafter(Drafter):
         dtype: torch.dtype | str | None = torch.float32,
         block_size: int | None = None,
     ) -> None:
+        device = check_device(device)  # a CUDA device on a build without one: bastion's error, not torch's
         if isinstance(checkpoint, DFlashDraftModel):
             model = checkpoint.to(device=device, dtype=parse_dtype(dtype, allow_auto=True) or checkpoint.dtype)
         elif isinstance(checkpoint, (str, Path)):

@@ -62,7 +62,7 @@ import torch
 from attrs import field, frozen
 from torch import nn
 
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.core.errors import CheckpointMismatchError, InvalidInputError
 from bastion.core.files import read_json_object
 from bastion.drafters.dflash.checkpoint import load_dflash_state_dict, read_weight_shapes, resolve_checkpoint_dir
 from bastion.drafters.dflash.config import _ACTIVATIONS, CONFIG_NAME, WEIGHTS_NAME, DFlashConfig
@@ -474,7 +474,9 @@ class DFlashDraftModel(nn.Module):
         dtype: torch.dtype | None = torch.float32,
     ) -> "DFlashDraftModel":
         """Load a DFlash checkpoint from a local directory or a hub id (``dtype=None`` keeps the stored
-        dtype). Missing or unexpected weight keys raise :class:`IncompatibleComponentsError` listing them."""
+        dtype). Missing, unexpected or wrongly shaped weights raise :class:`CheckpointMismatchError` (an
+        ``InvalidFileError`` and an ``IncompatibleComponentsError``) listing them; integer or bool weights
+        raise :class:`InvalidFileError` naming the file and tensor; all before a module is built."""
         directory = resolve_checkpoint_dir(path)
         config_path = directory / CONFIG_NAME
         raw = read_json_object(config_path)
@@ -523,7 +525,7 @@ def _check_layer_count(raw: dict, shapes: dict[str, tuple[int, ...]], path: obje
     stored = {int(k.split(".")[1]) for k in shapes if k.startswith("layers.") and k.split(".")[1].isdigit()}
     count = raw.get("num_hidden_layers")
     if isinstance(count, int) and not isinstance(count, bool) and count != len(stored):
-        raise IncompatibleComponentsError(
+        raise CheckpointMismatchError(
             f"DFlash checkpoint {path}: config.json says num_hidden_layers={count} but the weights hold "
             f"{len(stored)} layers"
         )
@@ -538,10 +540,10 @@ def _check_weight_shapes(expected: dict[str, tuple[int, ...]], found: dict[str, 
             parts.append(f"missing weights: {', '.join(missing)}")
         if unexpected:
             parts.append(f"unexpected weights: {', '.join(unexpected)}")
-        raise IncompatibleComponentsError(f"DFlash checkpoint {path} does not match its config; " + "; ".join(parts))
+        raise CheckpointMismatchError(f"DFlash checkpoint {path} does not match its config; " + "; ".join(parts))
     wrong = [f"{k}: checkpoint {found[k]} vs config {shape}" for k, shape in expected.items() if found[k] != shape]
     if wrong:
-        raise IncompatibleComponentsError(f"DFlash checkpoint {path} has weights of the wrong shape: " + "; ".join(wrong))
+        raise CheckpointMismatchError(f"DFlash checkpoint {path} has weights of the wrong shape: " + "; ".join(wrong))
 
 
 def _weight_of(module: nn.Module) -> torch.Tensor | None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bastion.core.candidates import CandidateTree
-from bastion.core.checks import check_number
+from bastion.core.checks import check_device, check_number
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import Drafter
 from bastion.core.types import DraftContext, DraftStep
@@ -49,17 +49,20 @@ def load_causal_lm(checkpoint: Any, device: str | torch.device | None, dtype: to
     ``dtype`` when given), in eval mode with an attention implementation that takes a 4D tree mask. A
     checkpoint loaded with no dtype keeps its stored one, except float16 loaded onto a CPU ``device``:
     float32 (see :func:`bastion.core.dtypes.auto_dtype`)."""
-    from bastion.core.hf_target import SUPPORTED_ATTENTION
+    from bastion.core.hf_target import SUPPORTED_ATTENTION, check_finite_weights, load_checked_causal_lm
 
     dt = as_dtype(dtype)
+    if device is not None:
+        device = check_device(device)  # a CUDA device on a build without one: bastion's error, not torch's
     if isinstance(checkpoint, (str, Path)):
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dt or "auto", attn_implementation="sdpa")
+        # complete or refused: missing, unexpected, mis-shaped or integer weights, a DFlash folder (which
+        # has no embedding or head) and absurd config sizes are named before anything decodes
+        model = load_checked_causal_lm(checkpoint, "the draft model", dtype=dt or "auto", attn_implementation="sdpa")
         if dt is None and device is not None:  # auto: the stored dtype, but float32 for float16 on a CPU
             from bastion.core.hf_target import compute_in_auto_dtype
 
             model = compute_in_auto_dtype(model, device, f"draft model {str(checkpoint)!r}")
+        check_finite_weights(model, checkpoint)
     elif isinstance(checkpoint, torch.nn.Module) and hasattr(checkpoint, "config"):
         model = checkpoint
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
