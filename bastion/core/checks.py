@@ -32,6 +32,7 @@ __all__ = [
     "SEED_LIMIT",
     "check_seed",
     "check_device",
+    "check_max_nodes",
     "check_marginals",
     "check_verdict",
     "check_greedy_verdict",
@@ -79,6 +80,45 @@ def check_device(device: str | torch.device) -> torch.device:
             f"device {device!r}: MPS is not available here; use device=\"cpu\" (--device cpu on the command line)"
         )
     return dev
+
+
+def check_max_nodes(max_nodes: int, target: Any) -> int:
+    """``max_nodes`` bounded by what ``target`` can verify: at most its positions (every tree node takes a
+    cache slot), and a verify step's tree mask
+    (``max_nodes x (positions + max_nodes)`` in the target's dtype) and logits (``max_nodes x vocab``
+    floats) within the memory of the target's device. Fails at construction, naming the field and the
+    memory it would need, instead of allocating at the first step."""
+    positions = int(getattr(target, "max_positions", 0) or 0)
+    if positions > 1 and max_nodes > positions:
+        raise InvalidInputError(
+            f"max_nodes={max_nodes} exceeds what the target can verify: it has {positions} positions, and every "
+            "tree node takes one"
+        )
+    try:
+        itemsize = torch.empty((), dtype=target.dtype).element_size()
+        vocab = int(target.vocab_size)
+        device = torch.device(target.device)
+    except Exception:  # a plugin target without these properties: positions were all we could check
+        return max_nodes
+    need = max_nodes * (positions + max_nodes) * itemsize + max_nodes * vocab * 4
+    limit = _device_memory(device)
+    if limit is not None and need > limit:
+        raise InvalidInputError(
+            f"max_nodes={max_nodes} would need {need / 1e9:.3g} GB per verify step (a {max_nodes} x "
+            f"{positions + max_nodes} tree mask and {max_nodes} x {vocab} logits), more than the "
+            f"{limit / 1e9:.3g} GB of {device.type} memory; use a smaller max_nodes"
+        )
+    return max_nodes
+
+
+def _device_memory(device: torch.device) -> int | None:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu":
+        from bastion.core.hf_config import physical_memory
+
+        return physical_memory()
+    return None
 
 
 def check_marginals(marginals: Any, vocab_size: int, drafter: object) -> Marginals:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import numbers
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
@@ -178,12 +179,19 @@ class LatencyModel(abc.ABC):
             self.observe(width, int(context_lens[0]), seconds)
 
 
+def _as_int(value: object) -> object:
+    """An integer-like ``value`` (a numpy integer, not a bool) as a Python int; anything else as is."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        return int(value)
+    return value
+
+
 @frozen
 class BudgetDecision:
     """A controller's choice for one step: the tree size ``n`` and, when the controller estimates them,
     its predictions for that size (for step records and benchmarks)."""
 
-    n: int
+    n: int = field(converter=lambda v: _as_int(v))  # numpy integers are ints; other types are checked where it is read
     predicted_speedup: float | None = None  # S(n), predicted speedup over plain decoding
     predicted_accept: float | None = field(default=None, kw_only=True)  # A_hat(T_n)
     predicted_cost_s: float | None = field(default=None, kw_only=True)  # C(n), seconds per step

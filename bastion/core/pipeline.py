@@ -23,7 +23,7 @@ from bastion.core.batch_costs import BatchCosts
 from bastion.core.blame import blame
 from bastion.core.candidates import CandidateTree, check_pairing
 from bastion.core.chat import chat_ids, user_turn
-from bastion.core.checks import check_greedy_verdict, check_int, check_marginals, check_next_tokens, check_tokenizer, check_verdict
+from bastion.core.checks import check_greedy_verdict, check_int, check_marginals, check_max_nodes, check_next_tokens, check_tokenizer, check_verdict
 from bastion.core.dtypes import parse_dtype
 from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError, TreeValidationError
 from bastion.core.interfaces import (
@@ -99,7 +99,7 @@ class Pipeline:
         registry: Registry | None = None,
     ) -> None:
         target = as_target(target)
-        max_nodes = check_int("max_nodes", max_nodes)
+        max_nodes = check_max_nodes(check_int("max_nodes", max_nodes), target)
         self.registry = registry or default_registry
         opts = {k: dict(v) for k, v in (component_options or {}).items()}
         unknown = set(opts) - set(COMPONENT_INTERFACES)
