@@ -34,7 +34,8 @@ def _eagle3(**kw) -> Eagle3Drafter:
 def test_the_eagle3_method_verifies_every_candidate_with_the_full_controller():
     spec = parse_method("eagle3")
     assert (spec.tree_builder, spec.controller, spec.eagle3_only, spec.tree_options) == ("best-first", "full", True, {})
-    assert spec.max_nodes >= 60 * 10  # never cuts the candidate tree
+    # the pipeline holds exactly the drafter's whole tree (total_token nodes)
+    assert build_decoder(spec, HFTarget(_target()), _eagle3(total_token=24)).max_nodes == 24
     assert parse_method("eagle3:eagle3").drafter == "eagle3" and parse_method("bastion:eagle3").controller == "bastion"
 
 

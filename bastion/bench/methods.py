@@ -292,6 +292,18 @@ def _ar_step(ctx: int, forward_s: float, other_s: float) -> StepRecord:
     return StepRecord.plain(ctx, StageTimings(verify=forward_s, other=other_s))
 
 
+def _node_cap(spec: MethodSpec, target: Target, drafter: Any) -> int:
+    """The pipeline's ``max_nodes`` for ``spec``: an EAGLE-3 drafter's ``total_token`` for its own tree
+    (exactly its whole tree); for builders sized by their own shape (chain, static), the node cap bounded by
+    the target's positions (a tree never holds more nodes than the target has positions); else the spec's."""
+    if spec.eagle3_only:
+        return int(drafter.total_token)
+    positions = int(getattr(target, "max_positions", 0) or 0)
+    if spec.max_nodes == _UNBOUNDED_NODES and positions > 1:
+        return min(spec.max_nodes, positions)
+    return spec.max_nodes
+
+
 def build_decoder(
     spec: MethodSpec,
     target: Target,
@@ -325,7 +337,7 @@ def build_decoder(
         budget_controller=controller,
         latency_model=latency_model,
         verifier=verifier,
-        max_nodes=spec.max_nodes,
+        max_nodes=_node_cap(spec, target, drafter),
         tokenizer=tokenizer,
         component_options={k: v for k, v in (component_options or {}).items() if k in ("latency_model", "verifier")},
         registry=reg,

@@ -20,6 +20,15 @@ Tree (EAGLE-3's own expansion, with its defaults ``total_token`` 60, ``depth`` 7
    order, so parents precede children; a child never scores above its parent, so the set is
    prefix-closed).
 
+**Stopping early** (``early_stop``, default on): when the pipeline passes the budget controller's own
+objective (``DraftStep.estimate_speedup``: the bastion and fixed controllers do, ``full`` does not), a
+depth is expanded only when that objective predicts a higher speedup with it than without it: the
+frontier's children are predicted from the previous depth's mean top-k probabilities, the depth's cost
+is the measured seconds of earlier expansions (:func:`bastion.drafters.model.stopping.pays_for_depth`,
+the rule the ``model`` drafter follows). Under ``full`` (the ``eagle3`` bench method) the tree is
+EAGLE-3's whole tree; stopping early only leaves out the deeper candidates, so the kept nodes are the
+best of what was expanded.
+
 Each kept node carries log q (its token given its path, the draft's log-softmax at the step's
 temperature) and its draft token mapped into the target vocabulary (``j + d2t[j]``). The tree rows are
 dropped at the next commit: the accepted tokens' rows are recomputed from the target's own features, as
@@ -29,6 +38,7 @@ EAGLE-3 does.
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,11 +53,15 @@ from bastion.core.types import DraftContext, DraftStep
 from bastion.drafters.eagle3.checkpoint import is_eagle3_checkpoint
 from bastion.drafters.eagle3.config import check_positive
 from bastion.drafters.eagle3.model import Eagle3DraftModel, Eagle3KV
+from bastion.drafters.model.stopping import pays_for_depth, predicted_children
 
 if TYPE_CHECKING:
     from bastion.core.target import Target
 
 __all__ = ["Eagle3Drafter"]
+
+#: weight of the newest measurement in the running mean of an expansion's seconds
+_COST_EMA = 0.3
 
 
 @frozen
@@ -67,7 +81,9 @@ class Eagle3Drafter(Drafter):
     candidates are kept, default 60), ``depth`` (expansion steps after the root's, default 7: candidates
     reach depth ``depth + 1``), ``top_k`` (children per expanded node and frontier width, default 10),
     ``device`` (default CPU; moved to the target's feature device at bind), ``dtype`` (default float32;
-    None or ``"auto"`` keeps the checkpoint's, except float16 on a CPU, which computes in float32).
+    None or ``"auto"`` keeps the checkpoint's, except float16 on a CPU, which computes in float32),
+    ``early_stop`` (stop expanding where the controller's objective stops rising, see the module doc;
+    default True).
     """
 
     proposes = "candidate_tree"
@@ -81,7 +97,11 @@ class Eagle3Drafter(Drafter):
         top_k: int = 10,
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = torch.float32,
+        early_stop: bool = True,
     ) -> None:
+        self.early_stop = bool(early_stop)
+        #: running mean of one expansion's seconds (forward, top-k, host read), measured when stopping early
+        self.depth_cost_s: float | None = None
         self.total_token = check_positive("total_token", total_token)
         self.depth = check_positive("depth", depth)
         self.top_k = check_positive("top_k", top_k)
@@ -218,6 +238,7 @@ class Eagle3Drafter(Drafter):
             raise InvalidInputError(
                 f"drafter holds {len(self._tokens)} committed tokens but the step's context length is {step.context_len}"
             )
+        t_start = time.perf_counter()
         self._cache.truncate(self._rows)
         if self._root_row is not None and self._root_row.root != root:
             self._undo_root_row()
@@ -228,7 +249,7 @@ class Eagle3Drafter(Drafter):
             return CandidateTree.from_lists([root], [-1], [0.0], device)
         steps = self.depth if step.max_depth is None else min(self.depth, step.max_depth - 1)
         temperature = step.temperature if step.temperature > 0 else 1.0
-        return self._expand(root, root_hidden, steps, temperature, step.context_len)
+        return self._expand(root, root_hidden, steps, temperature, step, t_start)
 
     # ---------------------------------------------------------------- internals
     def _check_features(self, features: torch.Tensor, rows: int, what: str) -> None:
@@ -270,9 +291,14 @@ class Eagle3Drafter(Drafter):
         self._root_row = _RootRow(root=root, feature=feats[-1:], output=out[-1:])
         return out[-1:]
 
-    def _expand(self, root: int, root_hidden: torch.Tensor, steps: int, temperature: float, context_len: int) -> CandidateTree:
-        """EAGLE-3's top-k tree below ``root`` (see the module docstring), all on the drafter's device."""
+    def _expand(
+        self, root: int, root_hidden: torch.Tensor, steps: int, temperature: float, step: DraftStep, t_start: float
+    ) -> CandidateTree:
+        """EAGLE-3's top-k tree below ``root`` (see the module docstring), all on the drafter's device;
+        fewer than ``steps`` expansions when stopping early."""
         model, device = self.model, self.model.device
+        context_len = step.context_len
+        estimate = step.estimate_speedup if self.early_stop else None
         k = min(self.top_k, self.config.draft_vocab_size)
         log_p = torch.log_softmax(model.logits(root_hidden).float() / temperature, dim=-1)  # [1, Vd]
         vals, idx = log_p.topk(k, dim=-1)  # [1, k]
@@ -286,7 +312,16 @@ class Eagle3Drafter(Drafter):
         ancestors = torch.eye(k, dtype=torch.bool, device=device)  # [k, fed] tree rows each fed node sees
         context = torch.ones(k, self._rows, dtype=torch.bool, device=device)  # [k, rows] committed rows
         offset = k
+        if estimate is not None:  # host copies of every candidate's log rho and the child profile
+            host_scores = scores.tolist()
+            profile = vals[0].exp().tolist()  # [k] sorted child probabilities of the last fed nodes
+            slots = self.total_token - 1 if step.max_nodes is None else min(self.total_token, step.max_nodes) - 1
         for d in range(steps):
+            if estimate is not None:
+                predicted = predicted_children(scores.tolist(), profile)
+                if not pays_for_depth(estimate, host_scores, predicted, slots, time.perf_counter() - t_start, self.depth_cost_s):
+                    break
+                t0 = time.perf_counter()
             positions = torch.full((k,), context_len + d, dtype=torch.long, device=device)  # [k]
             visible = torch.cat((context, ancestors), dim=1)  # [k, rows + fed]
             out = model.rows(self._embed_ids(next_ids), hidden, positions, self._cache, visible)  # [k, H]
@@ -305,6 +340,11 @@ class Eagle3Drafter(Drafter):
             hidden = out[parent_rows]
             ancestors = torch.cat((ancestors[parent_rows], torch.eye(k, dtype=torch.bool, device=device)), dim=1)
             self.last_depth += 1
+            if estimate is not None:
+                host_scores.extend(cumulative.tolist())
+                profile = vals.exp().mean(0).tolist()  # [k] mean sorted child probabilities of the fed nodes
+                cost = time.perf_counter() - t0
+                self.depth_cost_s = cost if self.depth_cost_s is None else (1 - _COST_EMA) * self.depth_cost_s + _COST_EMA * cost
         ids, log_q, score, parent = torch.cat(c_ids), torch.cat(c_logq), torch.cat(c_score), torch.cat(c_parent)
         keep = min(self.total_token - 1, int(ids.shape[0]))
         # best first, ties in expansion order (a parent before its child); then back to expansion order
