@@ -78,6 +78,15 @@ def run(args: argparse.Namespace) -> int:
     if bad and not args.force:
         print("profile not saved (poor fit; --force saves it)", file=sys.stderr)
         return 1
-    saved = model.save_profile(Path(args.profile) if args.profile else default_profile_path())
+    saved = model.save_profile(_profile_file(args.profile) if args.profile else default_profile_path())
     print(f"profile saved: {saved}")
     return 0
+
+
+def _profile_file(profile: str) -> Path:
+    """``--profile`` as a file: a folder means the profile file inside it (its lock and temporary files
+    stay in that folder too)."""
+    from bastion.controllers.latency.profiles import PROFILE_FILE
+
+    path = Path(profile).expanduser()
+    return path / PROFILE_FILE if path.is_dir() else path

@@ -428,6 +428,16 @@ def _acceptance(args: argparse.Namespace, target: Any, tok: Any) -> Any:
     return lambda model: acceptance_eval(target, model, tok, cfg)
 
 
+def _check_out_folder(out: Path) -> None:
+    """``--out`` must be a folder (or not exist yet, nor any file above it)."""
+    from bastion.core.errors import FileSystemError
+
+    out = Path(out)
+    for path in (out, *out.parents):
+        if path.exists() and not path.is_dir():
+            raise FileSystemError(f"--out {out}: {path} is a file, not a folder; choose another --out")
+
+
 def run_drafter(args: argparse.Namespace) -> int:
     from bastion.distributed import setup, teardown
     from bastion.training.distill import load_continuations
@@ -436,6 +446,7 @@ def run_drafter(args: argparse.Namespace) -> int:
     from bastion.training.frozen import load_frozen_target, resolve_mask_token
 
     _setup(args)
+    _check_out_folder(args.out)  # before the target loads: a file in the way fails now, not after training
     ctx = setup(args.device)
     try:
         tok = _tokenizer_or_none(args.target)

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from bastion.core.dtypes import dtype_name as core_dtype_name
-from bastion.core.errors import InvalidInputError
+from bastion.core.errors import InvalidFileError, InvalidInputError
+from bastion.core.files import read_json_object
 from bastion.distributed import DistContext, barrier
 from bastion.training.distill import DistillSequence
 
@@ -89,8 +90,13 @@ class FeatureStore:
         directory = Path(directory)
         if not (directory / META).is_file():
             raise InvalidInputError(f"{directory} holds no precomputed features (run `bastion train features`)")
-        meta = json.loads((directory / META).read_text())
-        done = np.fromfile(directory / DONE, dtype=np.uint8)
+        meta = _checked_meta(directory)
+        try:
+            done = np.fromfile(directory / DONE, dtype=np.uint8)
+        except OSError as exc:
+            raise InvalidFileError(f"{directory / DONE}: cannot read it ({exc})") from exc
+        if len(done) != len(meta["offsets"]) - 1:
+            raise InvalidFileError(f"{directory / DONE}: {len(done)} entries for {len(meta['offsets']) - 1} sequences; re-run `bastion train features`")
         if not done.all():
             raise InvalidInputError(f"{directory}: features of {int((done == 0).sum())} sequences are missing; re-run `bastion train features`")
         store = cls(directory, meta)
@@ -142,3 +148,36 @@ def write_features(
     del data, done
     barrier(ctx)
     return FeatureStore.open(out_dir, layer_ids=layer_ids, sequences=len(seqs))
+
+
+def _checked_meta(directory: Path) -> dict[str, Any]:
+    """``features.json`` of a feature folder, checked field by field, and the data file's size checked
+    against it: a corrupt or truncated folder raises :class:`InvalidFileError` naming the file."""
+    path = directory / META
+    meta = read_json_object(path)
+    offsets = meta.get("offsets")
+    if not isinstance(meta.get("dtype"), str) or meta["dtype"] not in _STORAGE:
+        raise InvalidFileError(f"{path}: field dtype must be one of {sorted(_STORAGE)}, got {meta.get('dtype')!r}")
+    width = meta.get("width")
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise InvalidFileError(f"{path}: field width must be an int >= 1, got {width!r}")
+    if (
+        not isinstance(offsets, list)
+        or not offsets
+        or any(isinstance(o, bool) or not isinstance(o, int) for o in offsets)
+        or offsets[0] != 0
+        or any(b < a for a, b in zip(offsets, offsets[1:]))
+    ):
+        raise InvalidFileError(f"{path}: field offsets must be a non-decreasing list of ints from 0")
+    layer_ids = meta.get("layer_ids")
+    if not isinstance(layer_ids, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in layer_ids):
+        raise InvalidFileError(f"{path}: field layer_ids must be a list of ints, got {layer_ids!r}")
+    need = max(offsets[-1], 1) * width * np.dtype(_STORAGE[meta["dtype"]]).itemsize
+    data = directory / DATA
+    have = data.stat().st_size if data.is_file() else -1
+    if have < need:
+        raise InvalidFileError(
+            f"{data}: truncated or missing: {path} describes {offsets[-1]} tokens x {width} {meta['dtype']} "
+            f"({need} bytes), the file has {max(have, 0)}; re-run `bastion train features`"
+        )
+    return meta

@@ -74,8 +74,17 @@ def resume(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, *, lo
     state = load_checkpoint(path)
     if state is None:
         return 0, 0.0
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    step, elapsed = int(state["step"]), float(state["elapsed"])
+    missing = [k for k in ("model", "optimizer", "step", "elapsed") if k not in state]
+    if missing:
+        raise InvalidFileError(f"{path}: a training checkpoint holds model, optimizer, step and elapsed; it lacks {', '.join(missing)}")
+    try:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, elapsed = int(state["step"]), float(state["elapsed"])
+    except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as exc:  # shapes, names, types of another model
+        first = str(exc).strip().splitlines()
+        raise InvalidFileError(
+            f"{path}: does not fit this run's model (another architecture or size?): {' '.join(l.strip() for l in first)[:400]}"
+        ) from exc
     log(f"resumed from step {step}")
     return step, elapsed
