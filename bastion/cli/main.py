@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from bastion import __version__
 from bastion.core.logs import LOG_LEVELS
@@ -24,8 +25,16 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """Command-line mistakes print one line, ``<prog>: error: <message>`` (exit code 2); ``--help`` shows
+    the usage."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="bastion",
         description="Lossless, budget-aware tree speculative decoding (BASTION) for Hugging Face causal LMs.",
     )

@@ -67,6 +67,8 @@ def check_device(device: str | torch.device) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise InvalidInputError(f"unknown device {device!r} (use cpu, cuda, cuda:N or mps)") from exc
+    if dev.type == "meta":
+        raise InvalidInputError(f"device {device!r} holds no data and cannot decode; use cpu, cuda, cuda:N or mps")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise InvalidInputError(
@@ -91,8 +93,8 @@ def check_max_nodes(max_nodes: int, target: Any) -> int:
     positions = int(getattr(target, "max_positions", 0) or 0)
     if positions > 1 and max_nodes > positions:
         raise InvalidInputError(
-            f"max_nodes={max_nodes} exceeds what the target can verify: it has {positions} positions, and every "
-            "tree node takes one"
+            f"max_nodes={max_nodes} exceeds what the target can verify: it has {positions} positions (its config's "
+            "max_position_embeddings), and every tree node takes one"
         )
     try:
         itemsize = torch.empty((), dtype=target.dtype).element_size()
@@ -104,9 +106,10 @@ def check_max_nodes(max_nodes: int, target: Any) -> int:
     limit = _device_memory(device)
     if limit is not None and need > limit:
         raise InvalidInputError(
-            f"max_nodes={max_nodes} would need {need / 1e9:.3g} GB per verify step (a {max_nodes} x "
-            f"{positions + max_nodes} tree mask and {max_nodes} x {vocab} logits), more than the "
-            f"{limit / 1e9:.3g} GB of {device.type} memory; use a smaller max_nodes"
+            f"max_nodes={max_nodes} would need {need / 1e9:.3g} GB per verify step at the target's {positions} "
+            f"positions (max_position_embeddings): a {max_nodes} x {positions + max_nodes} tree mask and "
+            f"{max_nodes} x {vocab} logits, more than the {limit / 1e9:.3g} GB of {device.type} memory; use a "
+            "smaller max_nodes"
         )
     return max_nodes
 

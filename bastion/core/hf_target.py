@@ -149,7 +149,9 @@ class HFTarget(Target):
         cfg = model.config
         self._max_positions = next((int(getattr(cfg, k)) for k in _POSITION_KEYS if getattr(cfg, k, None)), 0)
         if self._max_positions < 2:
-            raise IncompatibleComponentsError(f"{type(model).__name__}: the config gives no maximum position count")
+            raise IncompatibleComponentsError(
+                f"{type(model).__name__}: the config gives no maximum position count ({', '.join(_POSITION_KEYS)})"
+            )
         self._eos = frozenset(_as_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None)) | _as_ids(cfg.eos_token_id))
         self._vocab = int(model.get_output_embeddings().weight.shape[0])
         self._cache: Any = None
@@ -551,7 +553,8 @@ def load_checked_causal_lm(path_or_id: str | Path, what: str, *, memory_bound: b
     except MemoryError:
         raise
     except Exception as exc:  # missing files, unknown model types, bad hub ids, configs HF cannot build
-        raise InvalidInputError(f"cannot load {what} {str(path_or_id)!r}: {type(exc).__name__}: {exc}") from exc
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        raise InvalidInputError(f"cannot load {what} {str(path_or_id)!r}: {type(exc).__name__}: {first}") from exc
     check_loading_info(model, info, folder if folder.is_dir() else path_or_id, headers)
     return model
 
