@@ -39,7 +39,7 @@ def test_a_contention_load_runs_while_on_rests_while_off_and_stops_with_the_harn
         used = _cpu_seconds(pid)
         assert load.running
     assert not load.running
-    assert 0.5 < used < 2.0  # it ran (on) and rested (off), not all the time
+    assert 0.05 < used < 1.8  # it ran (on) and rested (off), not all the time (1.2 s on in 2.4 s)
 
 
 def _stats(method: str, dataset: str, tps: float, tokens: int = 100) -> MethodStats:

@@ -86,16 +86,13 @@ def check_device(device: str | torch.device) -> torch.device:
 
 def check_max_nodes(max_nodes: int, target: Any) -> int:
     """``max_nodes`` bounded by what ``target`` can verify: at most its positions (every tree node takes a
-    cache slot), and a verify step's tree mask
-    (``max_nodes x (positions + max_nodes)`` in the target's dtype) and logits (``max_nodes x vocab``
-    floats) within the memory of the target's device. Fails at construction, naming the field and the
-    memory it would need, instead of allocating at the first step."""
+    cache slot, so a larger value is the same as the positions: it is capped there), and a verify step's
+    tree mask (``max_nodes x (positions + max_nodes)`` in the target's dtype) and logits (``max_nodes x
+    vocab`` floats) within the memory of the target's device. Fails at construction, naming the field and
+    the memory it would need, instead of allocating at the first step."""
     positions = int(getattr(target, "max_positions", 0) or 0)
-    if positions > 1 and max_nodes > positions:
-        raise InvalidInputError(
-            f"max_nodes={max_nodes} exceeds what the target can verify: it has {positions} positions (its config's "
-            "max_position_embeddings), and every tree node takes one"
-        )
+    if positions > 1:
+        max_nodes = min(max_nodes, positions)
     try:
         itemsize = torch.empty((), dtype=target.dtype).element_size()
         vocab = int(target.vocab_size)
