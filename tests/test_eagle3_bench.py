@@ -109,11 +109,3 @@ def test_one_run_decodes_three_families_losslessly_with_each_familys_own_tree_in
     assert max(eagle_stats.budget_hist) == 20  # EAGLE-3's own tree: all total_token nodes verified
     table = families_table(summaries)
     assert "own default tree" in table and "| eagle3 | gsm8k |" in table and "eagle3: " in table
-
-
-def test_bench_drafters_names_eagle3_among_the_demo_families(tmp_path: Path):
-    from bastion.demo import DEMO_DRAFTERS, demo_drafter
-
-    assert "eagle3" in DEMO_DRAFTERS
-    path = demo_drafter("eagle3")
-    assert bastion.registry.drafter_for_checkpoint(str(path)) == "eagle3"

@@ -1,6 +1,7 @@
 """The embedded demo pair: a small Qwen3 target (with its tokenizer) and a DFlash drafter trained for it
 with ``bastion train`` (see ``docs/demo-model.md``), plus a small autoregressive drafter for the same
-target (``bastion train ar-drafter``). All ship inside the package as float16 safetensors.
+target (``bastion train ar-drafter``) and an EAGLE-3 drafter (``bastion train eagle3``). All ship inside
+the package as float16 safetensors.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from bastion.core.errors import InvalidInputError
 __all__ = ["DemoPaths", "demo_paths", "demo_drafter", "demo_drafter_options", "ASSETS_DIR", "DEMO_DRAFTERS"]
 
 #: drafter families shipped with the demo target -> their folder under the assets
-DEMO_DRAFTERS: dict[str, str] = {"dflash": "drafter", "model": "ar-drafter"}
+DEMO_DRAFTERS: dict[str, str] = {"dflash": "drafter", "model": "ar-drafter", "eagle3": "eagle3-drafter"}
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 
@@ -43,13 +44,13 @@ def demo_paths(root: Path | None = None) -> DemoPaths:
 
 def demo_drafter(family: str = "dflash", root: Path | None = None) -> Path:
     """The shipped demo drafter of ``family`` (``"dflash"``: the block drafter, ``"model"``: the
-    autoregressive one); ``root`` overrides the assets folder."""
+    autoregressive one, ``"eagle3"``: the EAGLE-3 one); ``root`` overrides the assets folder."""
     if family not in DEMO_DRAFTERS:
         raise InvalidInputError(f"unknown demo drafter {family!r}; the demo ships {', '.join(DEMO_DRAFTERS)}")
     base = Path(root) if root is not None else ASSETS_DIR
     path = base / DEMO_DRAFTERS[family]
     if not (path / "config.json").is_file():
-        hint = "bastion train ar-drafter" if family == "model" else "bastion train all"
+        hint = {"model": "bastion train ar-drafter", "eagle3": "bastion train eagle3"}.get(family, "bastion train all")
         raise InvalidInputError(f"demo drafter {family!r} not found at {path}; reinstall bastion or run `{hint}`")
     return path
 
