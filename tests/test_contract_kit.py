@@ -503,6 +503,27 @@ def _model_setup(tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
     return {"checkpoint": str(directory), "depth": 3, "width": 2, "top_k": 3}, {"target": HFTarget(tiny_model("qwen3", seed=0))}
 
 
+def _eagle3_setup(tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
+    from bastion.core.hf_target import HFTarget
+    from bastion.drafters.eagle3 import Eagle3Config, Eagle3DraftModel
+    from bastion.testing.tiny import tiny_model
+
+    target = tiny_model("llama", seed=0, num_hidden_layers=8, vocab_size=256)
+    cfg = Eagle3Config(
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=256, draft_vocab_size=224, target_hidden_size=64, feature_layer_ids=(1, 3, 7),
+    )
+    model = Eagle3DraftModel(cfg)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(3)
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3 if p.dim() > 1 else torch.ones(p.shape))
+        chosen = torch.randperm(256, generator=gen)[:224].sort().values
+        model.d2t.copy_(chosen - torch.arange(224))
+    directory = model.save_pretrained(tmp.mktemp("eagle3"))
+    return {"checkpoint": str(directory), "total_token": 12, "depth": 3, "top_k": 3}, {"target": HFTarget(target)}
+
+
 def _example_ngram_setup(_tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
     return {"vocab_size": V}, {}
 
@@ -511,6 +532,7 @@ NEEDS_OPTIONS = {
     ("latency_model", "roofline"): _roofline_setup,
     ("drafter", "dflash"): _dflash_setup,
     ("drafter", "model"): _model_setup,
+    ("drafter", "eagle3"): _eagle3_setup,
     ("drafter", "example-ngram"): _example_ngram_setup,
 }
 CHECK_ARGS = {("tree_builder", "best-first"): {"best_first": True}}
