@@ -103,3 +103,19 @@ def test_an_unknown_log_level_in_python_is_a_bastion_error():
 
     with pytest.raises(BastionError, match="debug, info, warning, error"):
         configure_logging("loud")
+
+
+def test_binary_garbage_as_a_bench_dataset_is_one_line_naming_the_file(capsys, tmp_path):
+    from bastion.cli.main import main
+
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_bytes(bytes(range(128, 256)) * 8)
+    assert main(["bench", "--datasets", f"gsm8k={garbage}", "--quick", "--no-progress", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(garbage) in err[0] and "not UTF-8" in err[0]
+
+
+def test_calibrate_takes_the_same_device_default_as_every_other_command():
+    from bastion.cli.main import build_parser
+
+    assert build_parser().parse_args(["calibrate"]).device == "auto"

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 from attrs import field, frozen
 
 from bastion.core.folders import DATA_DIR_ENV, data_file, default_data_dir
-from bastion.core.errors import InvalidInputError
+from bastion.core.errors import InvalidFileError, InvalidInputError
 
 __all__ = [
     "Domain",
@@ -132,14 +132,19 @@ def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
             "humaneval/, mt_bench/ and spec_bench/, or pass NAME=PATH / NAME=hf in --datasets)"
         )
     opener: Callable[..., Any] = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt", encoding="utf-8") as fh:
-        head = fh.read(1)
-        while head and head.isspace():
-            head = fh.read(1)
-        rest = fh.read()
-    text = head + rest
+    try:
+        with opener(p, "rt", encoding="utf-8") as fh:
+            text = fh.read()
+    except UnicodeDecodeError as exc:
+        raise InvalidFileError(f"{p} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): not a dataset file") from None
+    except (OSError, EOFError) as exc:  # a truncated or corrupt gzip file, an unreadable file
+        raise InvalidFileError(f"{p} cannot be read: {exc}") from None
+    head = text.lstrip()[:1]
     if head == "[":
-        rows = json.loads(text)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidFileError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
         if not all(isinstance(r, dict) for r in rows):
             raise InvalidInputError(f"{p}: a JSON dataset must be a list of objects")
         yield from rows

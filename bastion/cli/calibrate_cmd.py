@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--target", default=None, help="target model directory or hub id (default: the demo target)")
-    p.add_argument("--device", default="cpu", help="device to measure on (default: cpu)")
+    p.add_argument("--device", default="auto", help="device to measure on (default: auto, cuda when available, else cpu)")
     p.add_argument("--dtype", default="auto", choices=("auto", *CLI_DTYPES),
                    help="target dtype (default auto, as pipelines load it: the checkpoint's own, but float32 for "
                         "a float16 checkpoint on a CPU)")
@@ -53,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
 
         target_path = str(demo_paths().target)
     show_dtype_choices()
-    target = HFTarget.from_pretrained(target_path, device=args.device, dtype=parse_dtype(args.dtype, allow_auto=True) or "auto")
+    from bastion.cli.options import resolve_cli_device
+
+    target = HFTarget.from_pretrained(target_path, device=resolve_cli_device(args.device), dtype=parse_dtype(args.dtype, allow_auto=True) or "auto")
     result = calibrate(target, args.sizes, args.contexts, repeats=args.repeats)
     model = result.model
 
