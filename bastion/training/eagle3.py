@@ -306,7 +306,8 @@ def train_eagle3(
     log: Any = print,
     progress: bool = True,
 ) -> Eagle3DraftModel:
-    """Train an EAGLE-3 drafter for the frozen ``target`` on ``train``; resumable from
+    """Train an EAGLE-3 drafter for the frozen ``target`` on ``train``, on the target's device (float32
+    weights); resumable from
     ``out_dir/checkpoint.pt`` (the draft vocabulary is rebuilt from the same sequences, so a resumed run
     continues the same network). Returns the drafter, also saved in ``out_dir`` (``config.json``,
     ``model.safetensors``, ``train_summary.json``: losses, held-out figures, the configuration)."""
@@ -316,8 +317,8 @@ def train_eagle3(
     out_dir.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)
     target.eval()
-    model = build_eagle3_drafter(target, cfg, train)
     embed = target.get_input_embeddings()
+    model = build_eagle3_drafter(target, cfg, train).to(embed.weight.device)  # trains where the target runs
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt = out_dir / "checkpoint.pt"
