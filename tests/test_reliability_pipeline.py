@@ -43,9 +43,14 @@ def test_a_controller_returning_a_numpy_integer_decodes_losslessly() -> None:
 
 def test_max_nodes_whose_mask_would_not_fit_is_refused_at_construction() -> None:
     model = _model()
+    capped = bastion.Pipeline(HFTarget(model), NoisyOracleDrafter(model, block_size=4), max_nodes=100_000, budget_controller="full")
+    assert capped.max_nodes == 512  # a tree cannot hold more nodes than the target has positions
+    from bastion.testing.tiny import tiny_model
+
+    long = tiny_model("qwen3", seed=0, max_position_embeddings=10**7)  # a mask of 100k x 10M entries would not fit
     with pytest.raises(InvalidInputError, match="max_nodes") as err:
-        bastion.Pipeline(HFTarget(model), NoisyOracleDrafter(model, block_size=4), max_nodes=100_000, budget_controller="full")
-    assert "512" in str(err.value)  # the target's positions
+        bastion.Pipeline(HFTarget(long), NoisyOracleDrafter(long, block_size=4), max_nodes=100_000, budget_controller="full")
+    assert "GB" in str(err.value)
 
 
 class OutOfVocabBuilder(BestFirstBuilder):
