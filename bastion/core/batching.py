@@ -19,7 +19,7 @@ state runs one forward per step for all rows instead of one per row.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 from attrs import field, frozen
@@ -27,7 +27,6 @@ from attrs import field, frozen
 from bastion.core.types import DraftContext, DraftStep, Marginals
 
 if TYPE_CHECKING:
-    from bastion.core.interfaces import Drafter
     from bastion.core.tree import Tree
 
 __all__ = ["BatchPrefill", "BatchTargetOutput", "TargetBatch", "DraftBatch", "LoopDraftBatch"]
@@ -144,12 +143,25 @@ class DraftBatch(abc.ABC):
         self.commit([tokens[i : i + 1] for i in range(b)], [None if features is None else features[i : i + 1] for i in range(b)])
 
 
+class SequenceDrafter(Protocol):
+    """What :class:`LoopDraftBatch` calls on a drafter: its single-sequence methods (every
+    :class:`bastion.core.interfaces.Drafter` has them)."""
+
+    def fork(self) -> "SequenceDrafter": ...
+
+    def begin(self, context: DraftContext) -> None: ...
+
+    def propose(self, step: DraftStep) -> Any: ...
+
+    def commit(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None: ...
+
+
 class LoopDraftBatch(DraftBatch):
     """The correct default: one forked single-sequence drafter per row, called row by row. Every row is
     a fork, so the drafter's own state stays free for a single-sequence generation running beside it."""
 
-    def __init__(self, drafter: "Drafter", contexts: Sequence[DraftContext]) -> None:
-        self.rows: list["Drafter"] = []
+    def __init__(self, drafter: "SequenceDrafter", contexts: Sequence[DraftContext]) -> None:
+        self.rows: list[SequenceDrafter] = []
         for context in contexts:
             row = drafter.fork()
             row.begin(context)

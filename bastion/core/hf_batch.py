@@ -22,7 +22,7 @@ from bastion.core.kv_slab import SlabLayer, slab_cache
 from bastion.core.tree import Tree
 
 if TYPE_CHECKING:
-    from bastion.core.hf_target import HFTarget
+    from bastion.core.target import Target
 
 __all__ = ["HFTargetBatch", "padded_ancestors"]
 
@@ -49,7 +49,7 @@ def _pad_slots(buf: torch.Tensor, slots: int) -> torch.Tensor:
 class HFTargetBatch(TargetBatch):
     """Ragged rows in one padded cache of an :class:`HFTarget` (see the module doc)."""
 
-    def __init__(self, target: "HFTarget") -> None:
+    def __init__(self, target: "Target") -> None:  # an HFTarget: its model, forward_rows and positions
         self.target = target
         self._cache: Any = None
         self._ctx: list[int] = []

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, Union
 
 import torch
 
+from bastion.core.hf_batch import HFTargetBatch
 from bastion.core.checks import check_device
 from bastion.core.compiled_verify import CompileOptions, StaticVerify, compile_options
 from bastion.core.dtypes import auto_dtype, parse_dtype
@@ -373,8 +374,6 @@ class HFTarget(Target):
         return [(layer.keys, layer.values) for layer in self._cache.layers]
 
     def open_batch(self, prompts: Any, feature_layers: tuple[int, ...] = ()) -> Any:
-        from bastion.core.hf_batch import HFTargetBatch
-
         state = HFTargetBatch(self)
         return state, state.prefill(prompts, feature_layers)
 

@@ -23,7 +23,7 @@ engine thread, or the caller of ``Pipeline.generate_batch``).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 import torch
@@ -41,8 +41,6 @@ from bastion.core.types import DraftContext, DraftStep, Marginals, StageTimings,
 from bastion.engine.params import GenerationConfig
 from bastion.engine.request import Request, StepSummary, StepUpdate
 
-if TYPE_CHECKING:
-    from bastion.core.pipeline import Pipeline
 
 __all__ = ["Engine"]
 
@@ -56,7 +54,9 @@ _ROOT_PATH = torch.zeros(1, dtype=torch.long)  # [1] the accepted path: the root
 
 
 class Engine:
-    """Continuous batched decoding over a :class:`~bastion.Pipeline`'s components (see the module doc).
+    """Continuous batched decoding over a :class:`~bastion.Pipeline`'s components (see the module doc);
+    ``pipe`` is a pipeline, or any object with the components and checks the engine reads from one
+    (:class:`bastion.core.batch.PlainComponents` for the target alone).
 
     ``max_running`` bounds the rows decoding at once (None: no bound); ``prefill_tokens`` the prompt
     tokens admitted per step (a longer prompt is admitted alone); ``prefill_chunk`` (None: off) splits a
@@ -64,7 +64,7 @@ class Engine:
     long prompt stalls the others by one chunk's forward at a time, not by its whole prefill."""
 
     def __init__(
-        self, pipe: "Pipeline", *, max_running: int | None = None, prefill_tokens: int = 4096, prefill_chunk: int | None = None
+        self, pipe: Any, *, max_running: int | None = None, prefill_tokens: int = 4096, prefill_chunk: int | None = None
     ) -> None:
         if max_running is not None and (isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1):
             raise InvalidInputError(f"max_running must be an int >= 1 or None, got {max_running!r}")

@@ -34,7 +34,6 @@ from bastion.drafters.dflash.ops import grouped_attention, rms_norm
 
 if TYPE_CHECKING:
     from bastion.drafters.dflash.fused import FusedLinears
-    from bastion.drafters.dflash.model import DFlashDraftModel
 
 __all__ = ["DecodePlan", "decode_layers"]
 
@@ -82,7 +81,7 @@ class DecodePlan:
     (``lin.weight = Parameter(...)``). Like the module path's fused products, it reads the layers the
     model was built with: replace a weight, not a module."""
 
-    def __init__(self, model: "DFlashDraftModel") -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         self._sources = [(m._parameters, name) for m in model.modules() for name, p in m._parameters.items() if p is not None]
         self._tensors = [params[name] for params, name in self._sources]
         self._state = [(t.data_ptr(), tensor_version(t)) for t in self._tensors]
@@ -104,7 +103,7 @@ class DecodePlan:
         return True
 
     @classmethod
-    def current(cls, model: "DFlashDraftModel", plan: "DecodePlan | None") -> "DecodePlan":
+    def current(cls, model: torch.nn.Module, plan: "DecodePlan | None") -> "DecodePlan":
         """``plan`` if it still matches ``model``'s weights, else a new one."""
         return plan if plan is not None and plan.matches() else cls(model)
 
