@@ -16,12 +16,15 @@ from typing import Any, Mapping
 
 import torch
 
-from bastion.core.errors import ComponentError, IncompatibleComponentsError, InvalidInputError
+from bastion.core.errors import ComponentError, IncompatibleComponentsError, InvalidInputError, TreeValidationError
+from bastion.core.interfaces import BudgetDecision
 from bastion.core.sync import to_host
 from bastion.core.tree import Tree
 from bastion.core.types import Marginals, Verdict
 
 __all__ = [
+    "check_built_tree",
+    "check_decision",
     "options_object",
     "check_int",
     "check_number",
@@ -325,3 +328,27 @@ def options_object(name: str, value: Any, cls: type) -> Any:
         except TypeError as exc:
             raise InvalidInputError(f"{name}: unknown {cls.__name__} option ({exc})") from None
     raise InvalidInputError(f"{name} must be a bool, a mapping of {cls.__name__} options or a {cls.__name__}, got {value!r}")
+
+
+def check_built_tree(tree: Tree, root: int, vocab_size: int, max_nodes: int | None = None) -> None:
+    """A tree builder's output for one step: a valid tree over the vocabulary, at most ``max_nodes``
+    nodes, rooted at ``root`` (:class:`TreeValidationError` otherwise)."""
+    tree.validate(vocab_size=vocab_size)
+    if max_nodes is not None and len(tree) > max_nodes:
+        raise TreeValidationError(f"the tree has {len(tree)} nodes; the step allows at most max_nodes = {max_nodes}")
+    if int(tree.tokens[0]) != root:
+        raise TreeValidationError(f"root first: node 0 holds token {int(tree.tokens[0])}, expected the root {root}")
+
+
+def check_decision(
+    controller: object, decision: object, n_max: int, *, method: str = "decide", error: type[Exception] = InvalidInputError
+) -> int:
+    """The size (or batch width) of a controller's decision, checked against 1 <= n <= n_max; raises
+    ``error`` naming the controller and ``method`` otherwise."""
+    name = type(controller).__name__
+    if not isinstance(decision, BudgetDecision):
+        raise error(f"budget controller {name}.{method} returned {type(decision).__name__}, not a BudgetDecision")
+    n = decision.n
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= n_max:
+        raise error(f"budget controller {name} returned {n!r}; need 1 <= n <= {n_max}")
+    return n

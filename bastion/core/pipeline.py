@@ -23,13 +23,12 @@ from bastion.core.batch_costs import BatchCosts
 from bastion.core.blame import blame
 from bastion.core.candidates import CandidateTree, check_pairing
 from bastion.core.chat import chat_ids, user_turn
-from bastion.core.checks import check_greedy_verdict, check_int, check_marginals, check_max_nodes, check_next_tokens, check_tokenizer, check_verdict
+from bastion.core.checks import check_built_tree, check_decision, check_greedy_verdict, check_int, check_marginals, check_max_nodes, check_next_tokens, check_tokenizer, check_verdict
 from bastion.core.dtypes import parse_dtype
-from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError, TreeValidationError
+from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError
 from bastion.core.interfaces import (
     COMPONENT_INTERFACES,
     BudgetController,
-    BudgetDecision,
     Drafter,
     LatencyModel,
     TreeBuilder,
@@ -509,13 +508,14 @@ class Pipeline:
         return self._engine_steps(engine, request)
 
     def _engine_steps(self, engine: Engine, request: Any) -> Generator[str, None, GenerationResult]:
-        while request.result is None:
-            for update in engine.step():
-                if update.error is not None:
-                    raise update.error
-                if update.text:
-                    yield update.text
-        return self._with_text(request.result)
+        """A batch of one's text chunks (:meth:`_batch_chunks` without the row index) -> its result."""
+        chunks = self._batch_chunks(engine, [request])
+        while True:
+            try:
+                _, text = next(chunks)
+            except StopIteration as done:
+                return done.value[0]
+            yield text
 
     def _with_text(self, result: GenerationResult) -> GenerationResult:
         if result.text is None and self.tokenizer is not None:
@@ -802,7 +802,7 @@ class Pipeline:
         t1 = time.perf_counter()
         tree = self.tree_builder.build(proposal, root_token=root, max_nodes=self.max_nodes)
         if self.validate_trees:
-            _validate_built(tree, root, self.target.vocab_size, self.max_nodes)
+            check_built_tree(tree, root, self.target.vocab_size, self.max_nodes)
         t2 = time.perf_counter()
         scores = tree.log_scores_cpu()  # [n_max] from the builder's host copy: no device read
         # the controller sees this step's drafting cost (growing with depth for autoregressive drafters,
@@ -814,7 +814,7 @@ class Pipeline:
             draft_s = self._draft.value
         overhead = draft_s + self._other.value
         decision = self.budget_controller.decide(scores, ctx, self.latency_model, overhead)
-        n = _checked_size(self.budget_controller, decision, len(tree))
+        n = check_decision(self.budget_controller, decision, len(tree))
         tree = tree.truncate(n)
         scores = scores[:n]
         t3 = time.perf_counter()
@@ -1136,27 +1136,8 @@ def _with_emitted(record: StepRecord, emitted: int) -> StepRecord:
     return attrs.evolve(record, emitted=emitted)
 
 
-def _checked_size(controller: BudgetController, decision: object, n_max: int) -> int:
-    """The tree size of a controller's decision, checked against 1 <= n <= n_max."""
-    name = type(controller).__name__
-    if not isinstance(decision, BudgetDecision):
-        raise InvalidInputError(f"budget controller {name}.decide returned {type(decision).__name__}, not a BudgetDecision")
-    n = decision.n
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= n_max:
-        raise InvalidInputError(f"budget controller {name} returned {n!r}; need 1 <= n <= {n_max}")
-    return n
-
-
 def _builtin(component: object) -> bool:
     return type(component).__module__.startswith("bastion.")
-
-
-def _validate_built(tree: Tree, root: int, vocab_size: int, max_nodes: int | None = None) -> None:
-    tree.validate(vocab_size=vocab_size)
-    if max_nodes is not None and len(tree) > max_nodes:
-        raise TreeValidationError(f"the tree has {len(tree)} nodes; the step allows at most max_nodes = {max_nodes}")
-    if int(tree.tokens[0]) != root:
-        raise TreeValidationError(f"root first: node 0 holds token {int(tree.tokens[0])}, expected the root {root}")
 
 
 #: files whose presence means a folder ships a tokenizer

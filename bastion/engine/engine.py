@@ -31,9 +31,9 @@ import torch
 from bastion.core.batching import DraftBatch, TargetBatch
 from bastion.core.blame import plugin_of
 from bastion.core.candidates import CandidateTree
-from bastion.core.checks import check_greedy_verdict, check_next_tokens, check_verdict
-from bastion.core.errors import BastionError, ComponentError, IncompatibleComponentsError, InvalidInputError, TreeValidationError
-from bastion.core.interfaces import BatchStepCosts, BudgetDecision
+from bastion.core.checks import check_built_tree, check_decision, check_greedy_verdict, check_next_tokens, check_verdict
+from bastion.core.errors import BastionError, ComponentError, IncompatibleComponentsError, InvalidInputError
+from bastion.core.interfaces import BatchStepCosts
 from bastion.core.sampling import at_position, sample_tokens
 from bastion.core.sync import device_sync, to_host
 from bastion.core.tree import Tree
@@ -474,7 +474,7 @@ class Engine:
         t2 = time.perf_counter()
         stage.at("budget_controller", controller, "decide_width")
         decision = controller.decide_width([t.log_scores for t in trees], ctxs, pipe.latency_model, costs.other(b), costs.draft(b))
-        width = _checked_width(controller, decision, max(len(t) for t in trees))
+        width = check_decision(controller, decision, max(len(t) for t in trees), method="decide_width", error=ComponentError)
         trees = [t.truncate(min(width, len(t))) for t in trees]
         t3 = time.perf_counter()
         stage.at("target", pipe.target, "forward_trees")
@@ -549,11 +549,7 @@ class Engine:
         proposal = pipe._fit_proposal(proposal, root, max_depth)
         tree = pipe.tree_builder.build(proposal, root_token=root, max_nodes=pipe.max_nodes)
         if pipe.validate_trees:
-            tree.validate(vocab_size=pipe.target.vocab_size)
-            if int(tree.tokens[0]) != root:
-                raise TreeValidationError(f"root first: node 0 holds token {int(tree.tokens[0])}, expected the root {root}")
-            if len(tree) > pipe.max_nodes:
-                raise TreeValidationError(f"the tree has {len(tree)} nodes; the step allows at most max_nodes = {pipe.max_nodes}")
+            check_built_tree(tree, root, pipe.target.vocab_size, pipe.max_nodes)
         return tree
 
 
@@ -593,17 +589,6 @@ class _Stage:
 def _observe_plain(k: int) -> bool:
     """Whether the ``k``-th plain step of a run (from 1) times the latency model."""
     return k & (k - 1) == 0 or k % _PLAIN_LATENCY_EVERY == 0
-
-
-def _checked_width(controller: object, decision: object, n_max: int) -> int:
-    """The width of a controller's decision, checked against 1 <= n <= n_max."""
-    name = type(controller).__name__
-    if not isinstance(decision, BudgetDecision):
-        raise ComponentError(f"budget controller {name}.decide_width returned {type(decision).__name__}, not a BudgetDecision")
-    n = decision.n
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= n_max:
-        raise ComponentError(f"budget controller {name} returned {n!r}; need 1 <= n <= {n_max}")
-    return n
 
 
 def _with_emitted(record: StepRecord, emitted: int) -> StepRecord:
