@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 
-from bastion.core.errors import InvalidFileError, InvalidInputError
+from bastion.core.errors import InvalidInputError
 from bastion.core.files import FLOAT_DTYPES, float_weight_error, read_json_object, read_safetensors_header, safetensors_files
+from bastion.drafters.checkpoints import load_safetensors_file, resolve_checkpoint_folder
 
 #: the file names of a DFlash checkpoint folder
 CONFIG_NAME = "config.json"
@@ -24,23 +25,11 @@ __all__ = [
 
 
 def resolve_checkpoint_dir(path: str | Path, *, config_only: bool = False) -> Path:
-    """A local checkpoint directory for ``path``: itself when it exists, else a hub snapshot."""
-    local = Path(path).expanduser()
-    if local.is_dir():
-        if not (local / CONFIG_NAME).is_file():
-            raise InvalidInputError(f"{local} is not a DFlash checkpoint: it has no {CONFIG_NAME}")
-        return local
-    if local.exists() or str(path).startswith((".", "/", "~")) or str(path).count("/") != 1:
-        raise InvalidInputError(f"DFlash checkpoint {path} is neither a local directory nor a hub id (owner/name)")
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as exc:  # pragma: no cover - transformers depends on huggingface_hub
-        raise InvalidInputError(f"loading {path} from the hub needs huggingface_hub") from exc
-    patterns = [CONFIG_NAME] if config_only else [CONFIG_NAME, "*.safetensors", WEIGHTS_INDEX_NAME]
-    try:
-        return Path(snapshot_download(str(path), allow_patterns=patterns))
-    except Exception as exc:
-        raise InvalidInputError(f"could not fetch DFlash checkpoint {path!r} from the hub: {exc}") from exc
+    """A local checkpoint directory for ``path``: itself when it exists, else a hub snapshot (see
+    :func:`bastion.drafters.checkpoints.resolve_checkpoint_folder`)."""
+    return resolve_checkpoint_folder(
+        path, "DFlash", config_name=CONFIG_NAME, index_name=WEIGHTS_INDEX_NAME, config_only=config_only
+    )
 
 
 def is_dflash_checkpoint(path: str | Path) -> bool:
@@ -76,13 +65,7 @@ def read_weight_shapes(directory: str | Path) -> dict[str, tuple[int, ...]]:
 
 def load_dflash_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory (single file or shards), rotary buffers left out."""
-    from safetensors.torch import load_file
-
     state: dict[str, torch.Tensor] = {}
     for path in weight_files(directory):
-        read_safetensors_header(path)  # names the file when it is truncated or garbled
-        try:
-            state.update(load_file(str(path)))
-        except Exception as exc:  # safetensors raises its own error types
-            raise InvalidFileError(f"{path}: cannot load the weights ({exc})") from exc
+        state.update(load_safetensors_file(path))
     return {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}

@@ -14,14 +14,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from bastion.core.checks import check_device
-from bastion.core.dtypes import auto_dtype, parse_dtype
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import Drafter
 from bastion.core.types import DraftContext, DraftStep, Marginals
 from bastion.drafters.dflash.checkpoint import is_dflash_checkpoint
 from bastion.drafters.dflash.batch import DFlashDraftBatch
 from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
+from bastion.drafters.network import load_draft_network
 
 if TYPE_CHECKING:
     from bastion.core.target import Target
@@ -118,21 +117,7 @@ class DFlashDrafter(Drafter):
         dtype: torch.dtype | str | None = torch.float32,
         block_size: int | None = None,
     ) -> None:
-        device = check_device(device)  # a CUDA device on a build without one: bastion's error, not torch's
-        if isinstance(checkpoint, DFlashDraftModel):
-            model = checkpoint.to(device=device, dtype=parse_dtype(dtype, allow_auto=True) or checkpoint.dtype)
-        elif isinstance(checkpoint, (str, Path)):
-            named = parse_dtype(dtype, allow_auto=True)
-            model = DFlashDraftModel.from_pretrained(checkpoint, device=device, dtype=named)
-            if named is None:  # auto: the stored dtype, but float32 for a float16 checkpoint on a CPU
-                choice = auto_dtype(model.dtype, device)
-                if choice.dtype is not None:
-                    model = model.to(dtype=choice.dtype)
-                    choice.log(f"DFlash drafter {str(checkpoint)!r}")
-        else:
-            raise InvalidInputError(
-                f"checkpoint must be a directory, a hub id or a DFlashDraftModel, got {type(checkpoint).__name__}"
-            )
+        model = load_draft_network(checkpoint, DFlashDraftModel, device=device, dtype=dtype, drafter="DFlash")
         self.model = model.eval()
         self.config = model.config
         full = self.config.block_size

@@ -68,21 +68,10 @@ from bastion.drafters.dflash.checkpoint import load_dflash_state_dict, read_weig
 from bastion.drafters.dflash.config import _ACTIVATIONS, CONFIG_NAME, WEIGHTS_NAME, DFlashConfig
 from bastion.drafters.dflash.decode import DecodePlan, decode_layers
 from bastion.drafters.dflash.fused import FusedLinears
-from bastion.drafters.dflash.ops import grouped_attention, rms_norm, signed_sin
+from bastion.drafters.dflash.ops import grouped_attention, signed_sin
+from bastion.drafters.network import DraftNetwork, RMSNorm, rope_inv_freq
 
 __all__ = ["DFlashDraftModel", "ContextKV", "expected_weight_shapes"]
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in fp32, scaled by a learned weight (Qwen3 convention)."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -90,8 +79,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: DFlashConfig) -> None:
         super().__init__()
-        with torch.device("cpu"):
-            inv_freq, scale = _rope_inv_freq(config)
+        inv_freq, scale = rope_inv_freq(config, "DFlash")
         # kept in fp32 outside the module's buffers, so casting the model to bf16 never rounds it
         self.inv_freq = inv_freq.float()  # [D / 2]
         self._per_device: dict[torch.device, torch.Tensor] = {}
@@ -121,31 +109,6 @@ class RotaryEmbedding(nn.Module):
             cos, sin = self(torch.arange(size, device=device), dtype)  # two [size, D]
             table = self._tables[(device, dtype)] = (cos, sin, signed_sin(sin))
         return table[0][None, start:end], table[2 if signed else 1][None, start:end]
-
-
-def _rope_inv_freq(config: DFlashConfig) -> tuple[torch.Tensor, float]:
-    rope = dict(config.rope_parameters)
-    kind = rope.get("rope_type", "default")
-    if kind == "default":
-        dim = config.head_dim
-        return 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
-    if kind == "dynamic":
-        raise InvalidInputError("dynamic rope scaling is not supported by the DFlash drafter")
-    from transformers import Qwen3Config
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    if kind not in ROPE_INIT_FUNCTIONS:
-        raise InvalidInputError(f"unknown rope_type {kind!r}")
-    hf = Qwen3Config(
-        hidden_size=config.hidden_size,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        max_position_embeddings=config.max_position_embeddings,
-        rope_parameters=rope,
-    )
-    inv_freq, scale = ROPE_INIT_FUNCTIONS[kind](hf, None)
-    return inv_freq.float(), float(scale)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -272,8 +235,7 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-
-class DFlashDraftModel(nn.Module):
+class DFlashDraftModel(DraftNetwork):
     """The DFlash draft network (no embedding, no lm head; both come from the target)."""
 
     def __init__(self, config: DFlashConfig) -> None:
@@ -301,14 +263,6 @@ class DFlashDraftModel(nn.Module):
     @property
     def feature_layers(self) -> tuple[int, ...]:
         return self.config.target_layer_ids
-
-    @property
-    def device(self) -> torch.device:
-        return self.fc.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
 
     # ---------------------------------------------------------------- computation
     def project_features(self, target_features: torch.Tensor) -> torch.Tensor:

@@ -5,13 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from bastion.drafters.network import rms_norm  # the norm both the module path and the decode pass run
+
 __all__ = ["rms_norm", "grouped_attention", "signed_sin"]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Root-mean-square norm of ``x`` [..., D] over its last axis, computed in float32 and scaled by
-    ``weight`` (broadcast against [..., D]) in ``x``'s dtype (the Qwen3 convention)."""
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 def grouped_attention(

@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from bastion.core.errors import InvalidFileError, InvalidInputError
+from bastion.core.errors import InvalidFileError
 from bastion.core.files import read_json_object, read_safetensors_header, safetensors_files
+from bastion.drafters.checkpoints import load_safetensors_file, resolve_checkpoint_folder
 from bastion.drafters.eagle3.config import CONFIG_NAME, Eagle3Config
 
 __all__ = ["Eagle3Checkpoint", "resolve_eagle3_dir", "is_eagle3_checkpoint", "load_eagle3_checkpoint", "normalise_name"]
@@ -32,23 +33,9 @@ _UNUSED = ("t2d",)
 
 
 def resolve_eagle3_dir(path: str | Path, *, config_only: bool = False) -> Path:
-    """A local checkpoint folder for ``path``: itself when it is a directory, else a hub snapshot."""
-    local = Path(path).expanduser()
-    if local.is_dir():
-        if not (local / CONFIG_NAME).is_file():
-            raise InvalidInputError(f"{local} is not an EAGLE-3 checkpoint: it has no {CONFIG_NAME}")
-        return local
-    if local.exists() or str(path).startswith((".", "/", "~")) or str(path).count("/") != 1:
-        raise InvalidInputError(f"EAGLE-3 checkpoint {path} is neither a local directory nor a hub id (owner/name)")
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as exc:  # pragma: no cover - transformers depends on huggingface_hub
-        raise InvalidInputError(f"loading {path} from the hub needs huggingface_hub") from exc
-    patterns = [CONFIG_NAME] if config_only else [CONFIG_NAME, "*.safetensors", _INDEX_NAME]
-    try:
-        return Path(snapshot_download(str(path), allow_patterns=patterns))
-    except Exception as exc:
-        raise InvalidInputError(f"could not fetch EAGLE-3 checkpoint {path!r} from the hub: {exc}") from exc
+    """A local checkpoint folder for ``path``: itself when it is a directory, else a hub snapshot (see
+    :func:`bastion.drafters.checkpoints.resolve_checkpoint_folder`)."""
+    return resolve_checkpoint_folder(path, "EAGLE-3", config_name=CONFIG_NAME, index_name=_INDEX_NAME, config_only=config_only)
 
 
 def normalise_name(name: str) -> str:
@@ -161,8 +148,6 @@ def _check_d2t(cfg: Eagle3Config, state: dict[str, torch.Tensor], files: dict[st
 
 def load_eagle3_checkpoint(path: str | Path) -> Eagle3Checkpoint:
     """Read and check the checkpoint at ``path`` (local folder or hub id)."""
-    from safetensors.torch import load_file
-
     folder = resolve_eagle3_dir(path)
     cfg = Eagle3Config.from_dict(read_json_object(folder / CONFIG_NAME), folder / CONFIG_NAME)
     paths = safetensors_files(folder, index_name=_INDEX_NAME)
@@ -171,12 +156,7 @@ def load_eagle3_checkpoint(path: str | Path) -> Eagle3Checkpoint:
     state: dict[str, torch.Tensor] = {}
     files: dict[str, Path] = {}
     for file in paths:
-        read_safetensors_header(file)  # names the file when it is truncated or garbled
-        try:
-            tensors = load_file(str(file))
-        except Exception as exc:  # safetensors raises its own error types
-            raise InvalidFileError(f"{file}: cannot load the weights ({exc})") from exc
-        for raw, tensor in tensors.items():
+        for raw, tensor in load_safetensors_file(file).items():
             name = normalise_name(raw)
             if name.endswith("rotary_emb.inv_freq") or name in _UNUSED:
                 continue

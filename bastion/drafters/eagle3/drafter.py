@@ -46,7 +46,6 @@ import torch
 from attrs import frozen
 
 from bastion.core.candidates import CandidateTree
-from bastion.core.dtypes import auto_dtype, parse_dtype
 from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import Drafter
 from bastion.core.types import DraftContext, DraftStep
@@ -54,6 +53,7 @@ from bastion.drafters.eagle3.checkpoint import is_eagle3_checkpoint
 from bastion.drafters.eagle3.config import check_positive
 from bastion.drafters.eagle3.model import Eagle3DraftModel, Eagle3KV
 from bastion.drafters.model.stopping import pays_for_depth, predicted_children
+from bastion.drafters.network import load_draft_network
 
 if TYPE_CHECKING:
     from bastion.core.target import Target
@@ -105,20 +105,7 @@ class Eagle3Drafter(Drafter):
         self.total_token = check_positive("total_token", total_token)
         self.depth = check_positive("depth", depth)
         self.top_k = check_positive("top_k", top_k)
-        named = parse_dtype(dtype, allow_auto=True)
-        if isinstance(checkpoint, Eagle3DraftModel):
-            model = checkpoint.to(device=device, dtype=named or checkpoint.dtype)
-        elif isinstance(checkpoint, (str, Path)):
-            model = Eagle3DraftModel.from_pretrained(checkpoint, device=device, dtype=named)
-            if named is None:  # auto: the stored dtype, but float32 for a float16 checkpoint on a CPU
-                choice = auto_dtype(model.dtype, device)
-                if choice.dtype is not None:
-                    model = model.to(dtype=choice.dtype)
-                    choice.log(f"EAGLE-3 drafter {str(checkpoint)!r}")
-        else:
-            raise InvalidInputError(
-                f"checkpoint must be a directory, a hub id or an Eagle3DraftModel, got {type(checkpoint).__name__}"
-            )
+        model = load_draft_network(checkpoint, Eagle3DraftModel, device=device, dtype=dtype, drafter="EAGLE-3")
         self.model = model.eval()
         self.config = model.config
         self._embed: torch.nn.Module | None = model.embed_tokens

@@ -17,7 +17,6 @@ and is the target's own unless the checkpoint stores one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,24 +25,11 @@ from torch import nn
 from bastion.core.errors import InvalidInputError
 from bastion.drafters.eagle3.checkpoint import Eagle3Checkpoint, load_eagle3_checkpoint
 from bastion.drafters.eagle3.config import CONFIG_NAME, Eagle3Config
+from bastion.drafters.network import DraftNetwork, RMSNorm, rope_inv_freq
 
 __all__ = ["Eagle3DraftModel", "Eagle3KV"]
 
 _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square norm, reduced in float32 and scaled in the input's dtype."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
 
 
 class Eagle3KV:
@@ -113,7 +99,7 @@ class Eagle3Layer(nn.Module):
         self.mlp.down_proj = nn.Linear(cfg.intermediate_size, h, bias=cfg.mlp_bias)
 
 
-class Eagle3DraftModel(nn.Module):
+class Eagle3DraftModel(DraftNetwork):
     """The EAGLE-3 draft network with its own lm head over the draft vocabulary and the ``d2t`` map."""
 
     def __init__(self, config: Eagle3Config, *, with_embedding: bool = False) -> None:
@@ -128,7 +114,7 @@ class Eagle3DraftModel(nn.Module):
         self.embed_tokens: nn.Embedding | None = nn.Embedding(config.vocab_size, h) if with_embedding else None
         self._act = _ACTIVATIONS[config.hidden_act]
         # kept in float32 outside the module's buffers, so casting the model never rounds it
-        self.inv_freq, self.rope_scale = _rope_inv_freq(config)  # [D / 2], attention scaling
+        self.inv_freq, self.rope_scale = rope_inv_freq(config, "EAGLE-3")  # [D / 2], attention scaling
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -176,14 +162,6 @@ class Eagle3DraftModel(nn.Module):
         return out
 
     # ------------------------------------------------------------------ network
-    @property
-    def device(self) -> torch.device:
-        return self.fc.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
-
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Target token ids of draft token ids (any shape)."""
         return draft_ids + self.d2t[draft_ids]
@@ -236,30 +214,3 @@ class Eagle3DraftModel(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None]  # [n, D / 2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [n, D]
         return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
-
-
-def _rope_inv_freq(cfg: Eagle3Config) -> tuple[torch.Tensor, float]:
-    """Inverse rotary frequencies [D / 2] (float32, CPU) and the attention scaling of ``cfg``'s rope."""
-    rope = dict(cfg.rope_parameters)
-    kind = rope.get("rope_type", "default")
-    dim = cfg.head_dim
-    if kind == "default":
-        return 1.0 / (rope["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)), 1.0
-    if kind == "dynamic":
-        raise InvalidInputError("dynamic rope scaling is not supported by the EAGLE-3 drafter")
-    from transformers import LlamaConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    if kind not in ROPE_INIT_FUNCTIONS:
-        raise InvalidInputError(f"unknown rope_type {kind!r} in the EAGLE-3 config")
-    hf: Any = LlamaConfig(
-        hidden_size=cfg.hidden_size,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rope_parameters=rope,
-    )
-    with torch.device("cpu"):
-        inv_freq, scale = ROPE_INIT_FUNCTIONS[kind](hf, None)
-    return inv_freq.float(), float(scale)
