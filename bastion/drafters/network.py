@@ -1,12 +1,12 @@
 """What the built-in draft networks (DFlash, EAGLE-3) share: the RMS norm, the rotary frequencies of a
 config's rope settings, where a network lives (its ``fc`` projection of the target features), and
-loading one from a checkpoint or an instance in the dtype a drafter asks for.
+loading one from a checkpoint or an instance in the dtype a drafter asks for, and binding it to a target.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -14,9 +14,12 @@ from torch import nn
 
 from bastion.core.checks import check_device
 from bastion.core.dtypes import auto_dtype, parse_dtype
-from bastion.core.errors import InvalidInputError
+from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
 
-__all__ = ["rms_norm", "RMSNorm", "RopeShape", "rope_inv_freq", "DraftNetwork", "load_draft_network"]
+if TYPE_CHECKING:
+    from bastion.core.target import Target
+
+__all__ = ["rms_norm", "RMSNorm", "RopeShape", "rope_inv_freq", "DraftNetwork", "load_draft_network", "bind_network"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -138,3 +141,13 @@ def load_draft_network(
             model = model.to(dtype=choice.dtype)
             choice.log(f"{drafter} drafter {str(checkpoint)!r}")
     return model
+
+
+def bind_network(network: N, target: "Target", layers: Sequence[int], problems: Sequence[str], drafter: str) -> N:
+    """``network`` placed where ``target`` puts the features of ``layers`` (it runs where they end up),
+    once the drafter's checks against the target found nothing: ``problems`` (one sentence each) raise
+    :class:`IncompatibleComponentsError` naming the ``drafter`` and listing them all."""
+    if problems:
+        raise IncompatibleComponentsError(f"{drafter} drafter and target are incompatible: " + "; ".join(problems))
+    home = target.feature_device(tuple(layers))
+    return network if network.device == home else network.to(home)

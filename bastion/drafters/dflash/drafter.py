@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import Drafter
 from bastion.core.types import DraftContext, DraftStep, Marginals
 from bastion.drafters.dflash.checkpoint import is_dflash_checkpoint
 from bastion.drafters.dflash.batch import DFlashDraftBatch
 from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
-from bastion.drafters.network import load_draft_network
+from bastion.drafters.network import bind_network, load_draft_network
 
 if TYPE_CHECKING:
     from bastion.core.target import Target
@@ -175,11 +175,7 @@ class DFlashDrafter(Drafter):
                 problems.append(f"target embedding width {emb_weight.shape[-1]} != drafter hidden size {cfg.hidden_size}")
             if cfg.mask_token_id >= emb_weight.shape[0]:
                 problems.append(f"mask token id {cfg.mask_token_id} has no row in the target embedding ({emb_weight.shape[0]} rows)")
-        if problems:
-            raise IncompatibleComponentsError("DFlash drafter and target are incompatible: " + "; ".join(problems))
-        home = target.feature_device(cfg.target_layer_ids)  # the drafter runs where its features end up
-        if self.model.device != home:
-            self.model = self.model.to(home)
+        self.model = bind_network(self.model, target, cfg.target_layer_ids, problems, "DFlash")
         self._embed, self._head = embed, head_in_dtype(head, self.model.dtype)
         self.reset()
 

@@ -46,14 +46,14 @@ import torch
 from attrs import frozen
 
 from bastion.core.candidates import CandidateTree
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.core.errors import InvalidInputError
 from bastion.core.interfaces import Drafter
 from bastion.core.types import DraftContext, DraftStep
 from bastion.drafters.eagle3.checkpoint import is_eagle3_checkpoint
 from bastion.drafters.eagle3.config import check_positive
 from bastion.drafters.eagle3.model import Eagle3DraftModel, Eagle3KV
 from bastion.drafters.model.stopping import pays_for_depth, predicted_children
-from bastion.drafters.network import load_draft_network
+from bastion.drafters.network import bind_network, load_draft_network
 
 if TYPE_CHECKING:
     from bastion.core.target import Target
@@ -168,11 +168,7 @@ class Eagle3Drafter(Drafter):
                     f"the checkpoint has no embed_tokens and the target's embedding is {weight.shape[-1]} wide, not the "
                     f"drafter's hidden size {cfg.hidden_size}"
                 )
-        if problems:
-            raise IncompatibleComponentsError("EAGLE-3 drafter and target are incompatible: " + "; ".join(problems))
-        home = target.feature_device(layers)  # the drafter runs where its features end up
-        if self.model.device != home:
-            self.model = self.model.to(home)
+        self.model = bind_network(self.model, target, layers, problems, "EAGLE-3")
         self._embed, self._layers = embed, layers
         self.reset()
 
