@@ -310,48 +310,57 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
 
 
+def _choice(body: dict[str, Any], reason: str | None) -> dict[str, Any]:
+    """The one choice of a response or chunk: ``body`` (its ``text``, ``message`` or ``delta``) between
+    the index and the log-probabilities (none) and finish reason."""
+    return {"index": 0, **body, "logprobs": None, "finish_reason": finish_reason(reason)}
+
+
+def _response(kind: str, rid: str, model: str, body: dict[str, Any], reason: str | None, prompt_tokens: int,
+              completion_tokens: int, created: int | None) -> dict[str, Any]:
+    """A whole response object of ``kind`` (``"text_completion"``, ``"chat.completion"``) with one choice."""
+    return {
+        "id": rid, "object": kind, "created": created or int(time.time()), "model": model,
+        "choices": [_choice(body, reason)],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
+
+
+def _chunk(kind: str, rid: str, model: str, created: int, body: dict[str, Any] | None, reason: str | None,
+           usage_: dict[str, int] | None, with_usage: bool) -> dict[str, Any]:
+    """One streamed chunk of ``kind``: one choice of ``body``, or (``body`` None) no choices. ``with_usage``
+    adds the ``usage`` key (null except on the last chunk); a given ``usage_`` always does."""
+    out: dict[str, Any] = {"id": rid, "object": kind, "created": created, "model": model}
+    out["choices"] = [] if body is None else [_choice(body, reason)]
+    if with_usage or usage_ is not None:
+        out["usage"] = usage_
+    return out
+
+
 def completion_response(rid: str, model: str, text: str, reason: str | None, prompt_tokens: int, completion_tokens: int,
                         created: int | None = None) -> dict[str, Any]:
     """A whole ``text_completion`` object."""
-    return {
-        "id": rid, "object": "text_completion", "created": created or int(time.time()), "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}],
-        "usage": usage(prompt_tokens, completion_tokens),
-    }
+    return _response("text_completion", rid, model, {"text": text}, reason, prompt_tokens, completion_tokens, created)
 
 
 def chat_response(rid: str, model: str, text: str, reason: str | None, prompt_tokens: int, completion_tokens: int,
                   created: int | None = None) -> dict[str, Any]:
     """A whole ``chat.completion`` object."""
-    return {
-        "id": rid, "object": "chat.completion", "created": created or int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                     "finish_reason": finish_reason(reason)}],
-        "usage": usage(prompt_tokens, completion_tokens),
-    }
+    message = {"message": {"role": "assistant", "content": text}}
+    return _response("chat.completion", rid, model, message, reason, prompt_tokens, completion_tokens, created)
 
 
 def completion_chunk(rid: str, model: str, created: int, text: str | None, reason: str | None = None,
                      usage_: dict[str, int] | None = None, *, with_usage: bool = False) -> dict[str, Any]:
     """One streamed ``text_completion`` chunk: a piece of text, or (``text`` None) the usage-only
     last chunk with no choices. ``with_usage`` adds the ``usage`` key (null except on the last chunk)."""
-    out: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model}
-    out["choices"] = [] if text is None else [
-        {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}
-    ]
-    if with_usage or usage_ is not None:
-        out["usage"] = usage_
-    return out
+    body = None if text is None else {"text": text}
+    return _chunk("text_completion", rid, model, created, body, reason, usage_, with_usage)
 
 
 def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any] | None, reason: str | None = None,
                usage_: dict[str, int] | None = None, *, with_usage: bool = False) -> dict[str, Any]:
     """One streamed ``chat.completion.chunk``: a delta (``{"role": ...}``, ``{"content": ...}`` or
     ``{}`` with the finish reason), or (``delta`` None) the usage-only last chunk with no choices."""
-    out: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-    out["choices"] = [] if delta is None else [
-        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason(reason)}
-    ]
-    if with_usage or usage_ is not None:
-        out["usage"] = usage_
-    return out
+    body = None if delta is None else {"delta": delta}
+    return _chunk("chat.completion.chunk", rid, model, created, body, reason, usage_, with_usage)
