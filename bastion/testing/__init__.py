@@ -1,24 +1,8 @@
 """Helpers for testing bastion components (tiny models, contract kit for plugin authors, sampler
-statistics in :mod:`bastion.testing.stats`)."""
+statistics in :mod:`bastion.testing.stats`). The contract kit's names (:mod:`bastion.testing.contract`)
+are this package's."""
 
-from bastion.testing.contract import (
-    FixedLatencyModel,
-    check_budget_controller,
-    check_component,
-    check_drafter,
-    check_latency_model,
-    check_tree_builder,
-    check_verifier,
-    random_candidate_tree,
-)
+from bastion.testing import contract
+from bastion.testing.contract import *  # noqa: F403 - the names listed in contract.__all__
 
-__all__ = [
-    "FixedLatencyModel",
-    "check_budget_controller",
-    "check_component",
-    "check_drafter",
-    "check_latency_model",
-    "check_tree_builder",
-    "check_verifier",
-    "random_candidate_tree",
-]
+__all__ = list(contract.__all__)
