@@ -26,10 +26,21 @@ from bastion.core.sync import device_sync
 from bastion.core.target import Target
 from bastion.core.tree import Tree
 
-__all__ = ["CalibrationPoint", "CalibrationResult", "measure_verify_curve", "calibrate", "plot_calibration"]
+__all__ = [
+    "DEFAULT_SIZES",
+    "DEFAULT_CONTEXTS",
+    "CalibrationPoint",
+    "CalibrationResult",
+    "measure_verify_curve",
+    "calibrate",
+    "plot_calibration",
+]
 
 #: children per node of the probe trees: bushy, so that even large trees stay shallow
 _BRANCHING = 4
+#: the tree sizes and the committed context lengths a calibration measures unless told otherwise
+DEFAULT_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+DEFAULT_CONTEXTS: tuple[int, ...] = (64, 512)
 
 
 @frozen
@@ -92,8 +103,8 @@ def _bushy_depth(n: int) -> int:
 
 def measure_verify_curve(
     target: Target,
-    sizes: Iterable[int] = (1, 2, 4, 8, 16, 32, 64, 128),
-    context_lens: Iterable[int] = (64, 512),
+    sizes: Iterable[int] = DEFAULT_SIZES,
+    context_lens: Iterable[int] = DEFAULT_CONTEXTS,
     *,
     repeats: int = 3,
     warmup: int = 2,
@@ -103,19 +114,13 @@ def measure_verify_curve(
     """Time ``target.forward_tree`` for every (size, context) that fits; returns (n, c, [seconds...]).
     ``clock``: wall time by default; ``time.thread_time`` measures one CPU thread's own work, which
     other processes competing for the cores do not inflate (torch on one thread)."""
-    curve = _measure(target, sizes, context_lens, repeats=repeats, warmup=warmup, seed=seed, clock=clock)
+    curve = _measure(target, sizes, context_lens, repeats, warmup, seed, clock)
     return [(n, c, times) for n, c, times, _ in curve]
 
 
 def _measure(
-    target: Target,
-    sizes: Iterable[int] = (1, 2, 4, 8, 16, 32, 64, 128),
-    context_lens: Iterable[int] = (64, 512),
-    *,
-    repeats: int = 3,
-    warmup: int = 2,
-    seed: int = 0,
-    clock: Callable[[], float] = time.perf_counter,
+    target: Target, sizes: Iterable[int], context_lens: Iterable[int], repeats: int, warmup: int, seed: int,
+    clock: Callable[[], float],
 ) -> list[tuple[int, int, list[float], int]]:
     """:func:`measure_verify_curve` with the requested context of each point: (n, c, [seconds], requested)."""
     sizes = sorted({int(n) for n in sizes})
@@ -156,8 +161,8 @@ def _measure(
 
 def calibrate(
     target: Target,
-    sizes: Iterable[int] = (1, 2, 4, 8, 16, 32, 64, 128),
-    context_lens: Iterable[int] = (64, 512),
+    sizes: Iterable[int] = DEFAULT_SIZES,
+    context_lens: Iterable[int] = DEFAULT_CONTEXTS,
     *,
     repeats: int = 3,
     warmup: int = 2,
@@ -166,7 +171,7 @@ def calibrate(
 ) -> CalibrationResult:
     """Measure the verify curve of ``target`` and fit a fresh :class:`RooflineLatency` to it (built the
     way a pipeline builds it, so a saved profile matches). Nothing is saved here."""
-    curve = _measure(target, sizes, context_lens, repeats=repeats, warmup=warmup)
+    curve = _measure(target, sizes, context_lens, repeats, warmup, seed=0, clock=time.perf_counter)
     model = RooflineLatency(
         model_config=target.config,
         device=str(target.device),
