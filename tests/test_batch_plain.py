@@ -112,7 +112,7 @@ def test_batched_ar_and_the_plain_step_share_one_path_and_agree_with_generate():
     assert [[s.context_len for s in r.steps] for r in ar] == [[s.context_len for s in r.steps] for r in plain]
 
 
-def test_a_batch_of_one_prompt_decodes_through_the_single_sequence_loop():
+def test_a_batch_of_one_prompt_decodes_as_a_single_sequence():
     pipe = _pipeline(controller=bastion.registry.create("budget_controller", "fixed", budget=4))
     prompt = _prompts(1)[0]
     (res,) = pipe.generate_batch([prompt], max_new_tokens=9)

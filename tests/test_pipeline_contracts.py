@@ -17,7 +17,6 @@ from bastion.core import (
     BudgetDecision,
     IncompatibleComponentsError,
     LatencyModel,
-    StepOutcome,
     Tree,
     TreeBuilder,
     TreeValidationError,
@@ -153,17 +152,14 @@ def test_the_pipeline_records_the_typed_decision_of_each_step():
     assert drafted and all(s.predicted_speedup == 1.25 for s in drafted)
 
 
-def test_a_step_returns_a_typed_outcome():
+def test_every_drafted_step_records_the_controllers_choice_and_the_tokens_it_accepted():
     pipe = bastion.Pipeline(_target(), NoisyOracleDrafter(_model()), budget_controller=ChooseOnly())
-    pipe.target.reset()
-    pipe.drafter.reset()
-    ids = torch.tensor([[5, 6, 7]])
-    pre = pipe.target.prefill(ids, pipe.drafter.feature_layers)
-    pipe.drafter.begin(bastion.core.DraftContext(tokens=ids[0], features=pre.features))
-    root = int(pre.logits[-1].argmax())
-    outcome = pipe._step(root, 3, 4, bastion.core.SamplingConfig(), None, 1.0)
-    assert isinstance(outcome, StepOutcome)
-    assert outcome.record.budget == 3 and outcome.record.accepted == outcome.verdict.num_accepted
+    seen: list = []
+    res = pipe.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=12, stop_on_eos=False, on_step=seen.append)
+    assert list(res.steps) == seen and seen
+    drafted = [s for s in seen if s.drafted]
+    assert drafted and all(s.budget == 3 and 0 <= s.accepted <= 2 for s in drafted)
+    assert sum(s.emitted for s in seen) == len(res.tokens) - 1  # every token but the prefill's first
 
 
 class BrokenBuilder(TreeBuilder):

@@ -45,14 +45,17 @@ PROMPTS = [
 
 class StepHooks:
     """Patches a budget controller instance: ``delay`` seconds of sleep per engine step, and
-    ``fail_next`` makes its next ``speculate_batch`` raise once (a component failing mid-step)."""
+    ``fail_next`` makes its next drafting question (``speculate`` for a batch of one, else
+    ``speculate_batch``) raise once (a component failing mid-step)."""
 
     def __init__(self, controller: Any) -> None:
         self.delay = 0.0
         self.fail_next = False
-        real = controller.speculate_batch
+        for name in ("speculate", "speculate_batch"):
+            setattr(controller, name, self._hooked(getattr(controller, name)))
 
-        def speculate_batch(*args: Any, **kwargs: Any) -> bool:
+    def _hooked(self, real: Any) -> Any:
+        def hooked(*args: Any, **kwargs: Any) -> bool:
             if self.delay:
                 time.sleep(self.delay)
             if self.fail_next:
@@ -60,7 +63,7 @@ class StepHooks:
                 raise RuntimeError("injected failure")
             return real(*args, **kwargs)
 
-        controller.speculate_batch = speculate_batch
+        return hooked
 
 
 @pytest.fixture(scope="module")
@@ -369,12 +372,12 @@ def test_a_component_failing_mid_step_fails_only_that_steps_requests(pipe: Any, 
     with pytest.raises(openai.APIError) as info:
         for _ in doomed:
             pass
-    assert "budget_controller" in str(info.value) and "speculate_batch" in str(info.value)
+    assert "budget_controller" in str(info.value) and "BastionController.speculate" in str(info.value)
     assert "".join(ch.choices[0].text for ch in waiting if ch.choices) == want.text  # not in the failed step
     pipe.hooks.fail_next = True
     with pytest.raises(openai.InternalServerError) as failed:
         c.completions.create(model=MODEL, prompt=PROMPTS[10], max_tokens=12, temperature=0)
-    assert failed.value.status_code == 500 and "BastionController.speculate_batch" in failed.value.response.json()["error"]["message"]
+    assert failed.value.status_code == 500 and "BastionController.speculate" in failed.value.response.json()["error"]["message"]
     after = c.completions.create(model=MODEL, prompt=PROMPTS[10], max_tokens=12, temperature=0)
     assert after.choices[0].text == want.text
     assert metric(small_server, "bastion_requests_finished_total", reason="error") == 2

@@ -14,6 +14,11 @@ renumbers the kept ones 0..k-1 in the given order), so no compute is spent on th
 drafter per row (weights shared, see :meth:`Drafter.fork`), each driven through its single-sequence
 methods. It is correct for every drafter; a drafter that overrides ``open_batch`` with a real batched
 state runs one forward per step for all rows instead of one per row.
+
+A single sequence is a batch of one: :class:`SoloTargetBatch` and :class:`SoloDraftBatch` run one row
+on the target's and the drafter's own single-sequence state (their ``prefill`` / ``forward_tree`` /
+``commit`` and ``begin`` / ``propose`` / ``commit``), so a one-row engine costs what the models' own
+single-sequence paths cost (compiled verify included) and a target without batched state still decodes.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from bastion.core.types import DraftContext, DraftStep, Marginals
 if TYPE_CHECKING:
     from bastion.core.tree import Tree
 
-__all__ = ["BatchPrefill", "BatchTargetOutput", "TargetBatch", "DraftBatch", "LoopDraftBatch"]
+__all__ = ["BatchPrefill", "BatchTargetOutput", "TargetBatch", "DraftBatch", "LoopDraftBatch", "SoloTargetBatch", "SoloDraftBatch"]
 
 
 @frozen
@@ -182,3 +187,69 @@ class LoopDraftBatch(DraftBatch):
             raise NotImplementedError(f"LoopDraftBatch cannot take in rows of a {type(other).__name__}")
         self.rows.extend(other.rows)
         other.rows = []
+
+
+class SoloTargetBatch(TargetBatch):
+    """One row on the target's own single-sequence cache (the target's ``forward_tree`` and ``commit``;
+    rows of other batches cannot join it). Open it with :meth:`open`, which resets and prefills the
+    target's cache: the caller owns the target's state for as long as the batch lives."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    @classmethod
+    def open(cls, target: Any, prompt: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> tuple["SoloTargetBatch", BatchPrefill]:
+        """Prefill ``prompt`` [L] into the target's fresh cache -> (the batch of one, its prefill)."""
+        target.reset()
+        pre = target.prefill(prompt[None], feature_layers)  # logits [1, V], features [L, F] or None
+        return cls(target), BatchPrefill(last_logits=pre.logits[-1:], features=None if pre.features is None else (pre.features,))
+
+    @property
+    def context_lens(self) -> list[int]:
+        return [self.target.context_len]
+
+    def forward_trees(self, trees: Sequence["Tree"], feature_layers: tuple[int, ...] = ()) -> BatchTargetOutput:
+        (tree,) = trees
+        out = self.target.forward_tree(tree, feature_layers)  # logits [n, V], features [n, F] or None
+        return BatchTargetOutput(out.logits[None], None if out.features is None else out.features[None])
+
+    def forward_next(self, tokens: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> BatchTargetOutput:
+        from bastion.core.tree import Tree
+
+        (token,) = tokens.tolist()  # [1] a host tensor of the row's root (the engine builds it from ints)
+        return self.forward_trees([Tree.root_only(token, self.target.device)], feature_layers)
+
+    def commit(self, accepted_nodes: Sequence[torch.Tensor]) -> None:
+        (nodes,) = accepted_nodes
+        self.target.commit(nodes)
+
+    def keep(self, rows: Sequence[int]) -> None:
+        if list(rows) not in ([], [0]):
+            raise ValueError(f"a batch of one keeps row 0 or none, not {list(rows)}")
+
+
+class SoloDraftBatch(DraftBatch):
+    """One row on the drafter's own single-sequence state (``begin`` / ``propose`` / ``commit``, no fork);
+    the caller owns the drafter's state for as long as the batch lives."""
+
+    def __init__(self, drafter: "SequenceDrafter", context: DraftContext) -> None:
+        self.drafter = drafter
+        reset = getattr(drafter, "reset", None)
+        if reset is not None:
+            reset()
+        drafter.begin(context)
+
+    def propose(self, steps: Sequence[DraftStep]) -> list[Marginals]:
+        (step,) = steps
+        return [self.drafter.propose(step)]
+
+    def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor | None]) -> None:
+        (tok,), (feat,) = tokens, features
+        self.drafter.commit(tok, feat)
+
+    def commit_next(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
+        self.drafter.commit(tokens[:1], None if features is None else features[:1])
+
+    def keep(self, rows: Sequence[int]) -> None:
+        if list(rows) not in ([], [0]):
+            raise ValueError(f"a batch of one keeps row 0 or none, not {list(rows)}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numbers
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
@@ -23,7 +22,7 @@ from bastion.core.batch_costs import BatchCosts
 from bastion.core.blame import blame
 from bastion.core.candidates import CandidateTree, check_pairing
 from bastion.core.chat import chat_ids, user_turn
-from bastion.core.checks import check_built_tree, check_decision, check_greedy_verdict, check_int, check_marginals, check_max_nodes, check_next_tokens, check_tokenizer, check_verdict
+from bastion.core.checks import check_int, check_marginals, check_max_nodes, check_tokenizer
 from bastion.core.dtypes import parse_dtype
 from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError
 from bastion.core.interfaces import (
@@ -35,24 +34,14 @@ from bastion.core.interfaces import (
     Verifier,
 )
 from bastion.core.registry import Registry, registry as default_registry
-from bastion.core.running import RobustLevel
-from bastion.core.sampling import PositionalStream, at_position, sample_tokens, seeded_generator
-from bastion.core.sync import device_sync, to_device
 from bastion.core.target import Target
-from bastion.core.text import TextTracker
-from bastion.core.tree import HostTree, Tree
 from bastion.engine import Engine, GenerationConfig, SamplingParams, generation_config
 from bastion.core.types import (
     DraftContext,
     DraftStep,
     GenerationResult,
     Marginals,
-    SamplingConfig,
-    StageTimings,
-    StepFeedback,
-    StepOutcome,
     StepRecord,
-    Verdict,
 )
 
 __all__ = ["BatchTextStream", "GenerationConfig", "Pipeline", "Prompt", "SamplingParams", "TextStream", "as_target", "prompt_rows", "resolve_drafter"]
@@ -141,21 +130,9 @@ class Pipeline:
             raise IncompatibleComponentsError(
                 f"drafter vocabulary ({self.drafter.vocab_size}) differs from the target's ({target.vocab_size})"
             )
-        self._plain_steps = 0  # consecutive plain steps so far
-        dev = target.device
-        # parents, depths and log scores of a root-only tree (the plain step)
-        self._root_only = (
-            torch.full((1,), -1, dtype=torch.long, device=dev),
-            torch.zeros(1, dtype=torch.long, device=dev),
-            torch.zeros(1, dtype=torch.float32, device=dev),
-        )
-        self._root_path = torch.zeros(1, dtype=torch.long)  # [1] a plain step's accepted nodes: the root (host)
         self._batch_costs = BatchCosts()  # batched steps' measured non-verify seconds, per batch size
         if self.drafter.proposes is not None:  # a declared proposal kind is checked now, else at the first step
             check_pairing(self.tree_builder, self.drafter.proposes, self.drafter)
-        self._other = RobustLevel()  # non-draft, non-verify seconds of a speculative step
-        self._per_token = RobustLevel()  # seconds per committed token of a speculative step
-        self._draft = RobustLevel()  # a block drafter's seconds per proposal
         self._lent_buckets = False  # compile_verify gave the controller the compiled path's buckets
         #: held by the one generation decoding on the target's and drafter's own single-sequence state;
         #: a generation that finds it taken decodes on an engine batch of its own instead
@@ -395,26 +372,13 @@ class Pipeline:
         Yields ``(tokens, record)`` per commit: the new tokens and the step's :class:`StepRecord` (None
         for the first token, sampled from the prefill). ``send(k)`` keeps only the first ``k`` of the
         tokens just yielded and ends the generation; the generator's return value (``StopIteration.value``)
-        is the :class:`GenerationResult`. It decodes on the target's own state: while another generation
-        holds it, this raises :class:`InvalidInputError` (use :meth:`generate` or :meth:`stream`, which
-        decode beside each other)."""
+        is the :class:`GenerationResult`. Like :meth:`generate` it has its own state and decodes beside
+        other live generations on the pipeline."""
         ids, cfg = self._prepare(prompt, config, max_new_tokens, temperature, seed, top_p, top_k, None, stop_on_eos, None)
         if cfg.stop:
             raise InvalidInputError("decode_steps() takes no stop strings: the caller decides where to stop (send(k))")
-        if not self._solo.acquire(blocking=False):
-            raise InvalidInputError(
-                "decode_steps() needs the pipeline's own decoding state, which another live generation holds; "
-                "finish it first, or use generate() / stream(), which decode beside each other"
-            )
-        return self._locked(self._solo_steps(ids, cfg))
-
-    def _solo_steps(self, ids: torch.Tensor, cfg: GenerationConfig) -> Generator[Any, Any, GenerationResult]:
-        """The single-sequence loop on the target's own state, which the caller claimed (released here)."""
-        try:
-            sp = cfg.sampling
-            return (yield from self._decode(ids, cfg.max_new_tokens, sp.rule, sp.seed, cfg.stop_on_eos))
-        finally:
-            self._solo.release()
+        self._check_can_start()
+        return self._locked(self._one_request(ids, cfg, None, False, _commit_pairs))
 
     def _locked(self, gen: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
         """``gen`` with each of its steps (every ``send``) taken under the pipeline's step lock."""
@@ -488,147 +452,48 @@ class Pipeline:
         *,
         emit_text: bool,
     ) -> Generator[str, None, GenerationResult]:
-        """One generation as a generator of text chunks (only when ``emit_text``) returning the result:
-        on the target's own state when no other generation holds it, else on an engine batch of its own."""
-        if self._solo.acquire(blocking=False):
-            return self._locked(self._solo_session(ids, cfg, on_step, emit_text=emit_text))
-        if self.target.open_batch.__func__ is Target.open_batch:  # type: ignore[attr-defined]
+        """One generation as a generator of text chunks (only when ``emit_text``) returning the result."""
+        self._check_can_start()
+        return self._locked(self._one_request(ids, cfg, on_step, emit_text, _text_chunks))
+
+    def _batched_target(self) -> bool:
+        """Whether the target has batched state (it implements ``open_batch``)."""
+        return self.target.open_batch.__func__ is not Target.open_batch  # type: ignore[attr-defined]
+
+    def _check_can_start(self) -> None:
+        """Refuse, at creation, a second live generation on a target that decodes one sequence at a time."""
+        if self._solo.locked() and not self._batched_target():
             raise InvalidInputError(
                 f"another generation is decoding on this pipeline, and its target {type(self.target).__name__} has "
                 "no batched state to decode a second one beside it; finish the first (or use generate_batch)"
             )
-        return self._locked(self._engine_session(ids, cfg, on_step, emit_text=emit_text))
 
-    def _engine_session(
-        self, ids: torch.Tensor, cfg: GenerationConfig, on_step: Callable[[StepRecord], Any] | None, *, emit_text: bool
-    ) -> Generator[str, None, GenerationResult]:
-        """One generation as a batch of one in an engine of its own (its own caches and state)."""
-        engine = Engine(self)
-        request = engine.add(ids, cfg, text=emit_text, on_step=on_step)
-        return self._engine_steps(engine, request)
-
-    def _engine_steps(self, engine: Engine, request: Any) -> Generator[str, None, GenerationResult]:
-        """A batch of one's text chunks (:meth:`_batch_chunks` without the row index) -> its result."""
-        chunks = self._batch_chunks(engine, [request])
-        while True:
-            try:
-                _, text = next(chunks)
-            except StopIteration as done:
-                return done.value[0]
-            yield text
+    def _one_request(
+        self,
+        ids: torch.Tensor,  # [1, L]
+        cfg: GenerationConfig,
+        on_step: Callable[[StepRecord], Any] | None,
+        emit_text: bool,
+        view: Callable[[Engine, Any], Generator[Any, Any, GenerationResult]],
+    ) -> Generator[Any, Any, GenerationResult]:
+        """One generation as a batch of one in an engine of its own: on the target's and drafter's own
+        single-sequence state when no other generation holds it (claimed at the first step), else on
+        batched states of its own; ``view`` turns the engine's steps into what the caller iterates."""
+        solo = self._solo.acquire(blocking=False)
+        try:
+            if not solo:
+                self._check_can_start()
+            engine = Engine(self, solo=solo)
+            request = engine.add(ids, cfg, text=emit_text, on_step=on_step)
+            return (yield from view(engine, request))
+        finally:
+            if solo:
+                self._solo.release()
 
     def _with_text(self, result: GenerationResult) -> GenerationResult:
         if result.text is None and self.tokenizer is not None:
             return attrs.evolve(result, text=self.decode(result.tokens))
         return result
-
-    def _solo_session(
-        self, ids: torch.Tensor, cfg: GenerationConfig, on_step: Callable[[StepRecord], Any] | None, *, emit_text: bool
-    ) -> Generator[str, None, GenerationResult]:
-        """The single-sequence loop on the target's own state, which the caller claimed (released here)."""
-        try:
-            tracker = TextTracker(self.tokenizer, cfg.stop) if (emit_text or cfg.stop) else None
-            sp = cfg.sampling
-            steps = self._decode(ids, cfg.max_new_tokens, sp.rule, sp.seed, cfg.stop_on_eos)
-            keep: int | None = None
-            try:
-                while True:
-                    tokens, record = steps.send(keep)
-                    keep = None
-                    if tracker is not None:
-                        before = len(tracker.tokens)
-                        chunk = tracker.push(tokens)
-                        if tracker.stopped:  # keep the tokens up to the one completing the stop string
-                            keep = int(tracker.stop_tokens or 0) - before
-                        if emit_text and chunk:
-                            yield chunk
-                    if on_step is not None and record is not None:
-                        on_step(record)
-            except StopIteration as done:
-                result: GenerationResult = done.value
-            if tracker is not None:
-                tail = tracker.finish()
-                if emit_text and tail:
-                    yield tail
-                text = tracker.text
-            else:
-                text = None if self.tokenizer is None else self.decode(result.tokens)
-            return attrs.evolve(result, text=text)
-        finally:
-            self._solo.release()
-
-    def _decode(
-        self,
-        ids: torch.Tensor,  # [1, L]
-        max_new_tokens: int,
-        sampling: SamplingConfig,
-        seed: int | None,
-        stop_on_eos: bool,
-    ) -> Generator[tuple[list[int], StepRecord | None], int | None, GenerationResult]:
-        """The decode loop as a generator: yields each commit's new tokens with its step record (None for
-        the token sampled from the prefill). Sending an int ``k`` keeps only the first ``k`` of the tokens
-        just yielded and ends the generation (stop strings); the return value is the result."""
-        stream = None if sampling.greedy else PositionalStream.from_seed(seed)
-        generator = self._generator(stream)
-        draft_temperature = 1.0 if sampling.greedy else sampling.temperature
-        eos = self.target.eos_token_ids if stop_on_eos else frozenset()
-        layers = self.drafter.feature_layers
-
-        t_start = time.perf_counter()
-        self.target.reset()
-        self.drafter.reset()
-        pre = self.target.prefill(ids, layers)
-        root = int(sample_tokens(pre.logits[-1], at_position(sampling, stream, ids.shape[1]), generator))
-        self.drafter.begin(DraftContext(tokens=ids[0].clone() if self.copy_contexts else ids[0], features=pre.features))
-        self.budget_controller.begin(sampling)
-        self._sync()
-        prefill_s = time.perf_counter() - t_start
-
-        out: list[int] = [root]
-        steps: list[StepRecord] = []
-        stop_reason = "eos" if root in eos else "length"
-        keep = yield [root], None
-        if keep is not None:
-            out, stop_reason = out[:keep], "stop"
-        while len(out) < max_new_tokens and root not in eos and stop_reason != "stop":
-            ctx = self.target.context_len
-            room = self.target.max_positions - ctx - 1  # deepest node position (ctx + depth) must stay in range
-            if room < 0:
-                stop_reason = "position-limit"
-                break
-            # a tree of depth d emits at most d + 1 tokens: never draft deeper than the tokens still wanted
-            max_depth = min(room, max_new_tokens - len(out) - 1)
-            if max_depth >= 1 and self.budget_controller.speculate():
-                outcome = self._step(root, ctx, max_depth, sampling, generator, draft_temperature, stream)
-            else:  # one token left to emit, no position to draft into, or the controller says plain
-                outcome = self._plain_step(root, ctx, sampling, generator, stream)
-            record, verdict = outcome.record, outcome.verdict
-            emitted = list(verdict.emitted)[: max_new_tokens - len(out)]
-            for i, tok in enumerate(emitted):
-                if tok in eos:
-                    emitted = emitted[: i + 1]
-                    stop_reason = "eos"
-                    break
-            if len(emitted) != record.emitted:
-                record = _with_emitted(record, len(emitted))
-            keep = yield emitted, record
-            if keep is not None:
-                emitted, stop_reason = emitted[:keep], "stop"
-                record = _with_emitted(record, len(emitted))
-            out.extend(emitted)
-            steps.append(record)
-            root = verdict.bonus_token
-            if stop_reason == "eos":
-                break
-        self._sync()
-        return GenerationResult(
-            tokens=out[:max_new_tokens],
-            steps=tuple(steps),
-            prompt_len=int(ids.shape[1]),
-            prefill_s=prefill_s,
-            wall_s=time.perf_counter() - t_start,
-            stop_reason=stop_reason,
-        )
 
     def generate_batch(
         self,
@@ -657,7 +522,7 @@ class Pipeline:
         the rows' text). One prompt decodes through :meth:`generate` (a batch of one costs what one
         sequence costs); a target without batched state decodes the rows one after another."""
         rows, cfg = self._prepare_batch(prompts, config, max_new_tokens, temperature, seed, top_p, top_k, stop, stop_on_eos, on_step)
-        if len(rows) == 1 or self.target.open_batch.__func__ is Target.open_batch:  # type: ignore[attr-defined]
+        if len(rows) == 1 or not self._batched_target():
             return [
                 self.generate(ids, config=self._row_config(cfg, i), on_step=None if on_step is None else _row_callback(on_step, i))
                 for i, ids in enumerate(rows)
@@ -687,7 +552,7 @@ class Pipeline:
         if self.tokenizer is None:
             raise InvalidInputError("stream_batch() yields text and needs a tokenizer; this pipeline has none")
         rows, cfg = self._prepare_batch(prompts, config, max_new_tokens, temperature, seed, top_p, top_k, stop, stop_on_eos, on_step)
-        if self.target.open_batch.__func__ is Target.open_batch:  # type: ignore[attr-defined]
+        if not self._batched_target():
             raise InvalidInputError(f"stream_batch() needs a target with batched state; {type(self.target).__name__} has none")
         engine, requests = self._batch_engine(rows, cfg, on_step, text=True)
         return BatchTextStream(self._locked(self._batch_chunks(engine, requests)))
@@ -770,161 +635,7 @@ class Pipeline:
             raise request.error
         return self._with_text(request.result)
 
-    def _step(
-        self,
-        root: int,
-        ctx: int,
-        max_depth: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        draft_temperature: float,
-        stream: PositionalStream | None = None,
-    ) -> StepOutcome:
-        """One speculative step (draft, build, decide n, verify) when there is room to draft
-        (``max_depth`` >= 1), else a plain one (:meth:`_plain_step`: the target alone verifies the root)."""
-        if max_depth < 1:  # one token left to emit or no position to draft into: plain
-            return self._plain_step(root, ctx, sampling, generator, stream)
-        layers = self.drafter.feature_layers
-        t0 = time.perf_counter()
-        proposal = self.drafter.propose(
-            DraftStep(
-                root_token=root,
-                context_len=ctx,
-                temperature=draft_temperature,
-                max_depth=max_depth,
-                max_nodes=self.max_nodes,
-                seconds_per_token=self._per_token.value or None,
-                # the controller's own objective: an autoregressive drafter expands while it rises
-                estimate_speedup=self.budget_controller.speedup_estimator(ctx, self.latency_model, self._other.value),
-            )
-        )
-        proposal = self._fit_proposal(proposal, root, max_depth)
-        t1 = time.perf_counter()
-        tree = self.tree_builder.build(proposal, root_token=root, max_nodes=self.max_nodes)
-        if self.validate_trees:
-            check_built_tree(tree, root, self.target.vocab_size, self.max_nodes)
-        t2 = time.perf_counter()
-        scores = tree.log_scores_cpu()  # [n_max] from the builder's host copy: no device read
-        # the controller sees this step's drafting cost (growing with depth for autoregressive drafters,
-        # as measured; flat for block drafters, so their robust level: a burst of foreign load during one
-        # draft does not make drafting look expensive) plus the usual other overhead
-        draft_s = t1 - t0
-        if isinstance(proposal, Marginals):
-            self._draft.observe(draft_s)
-            draft_s = self._draft.value
-        overhead = draft_s + self._other.value
-        decision = self.budget_controller.decide(scores, ctx, self.latency_model, overhead)
-        n = check_decision(self.budget_controller, decision, len(tree))
-        tree = tree.truncate(n)
-        scores = scores[:n]
-        t3 = time.perf_counter()
-        out = self.target.forward_tree(tree, layers)
-        t4 = time.perf_counter()  # on an asynchronous device the verifier's host read below waits for the forward
-        if stream is not None:  # node i samples position ctx + depth_i + 1: the same draw whatever the tree
-            sampling = stream.for_tree(sampling, ctx, tree.depths)
-        verdict = self._verify(tree, out.logits, sampling, generator)
-        t5 = time.perf_counter()
-        nodes = verdict.accepted_nodes
-        self.target.commit(nodes)
-        idx = to_device(nodes, torch.long, tree.tokens.device)  # a CPU index would copy with a sync
-        self.drafter.commit(tree.tokens[idx], None if out.features is None else out.features[idx])
-        t6 = time.perf_counter()  # no sync: the next step's first host read absorbs queued commit work
-        self._plain_steps = 0
-        self.latency_model.observe(n, ctx, t5 - t3)  # forward + the read of its choices
-        non_verify = (t3 - t0) + (t6 - t5)
-        self.budget_controller.observe(
-            StepFeedback(
-                drafted=True,
-                log_scores=scores,
-                accepted_nodes=nodes,
-                context_len=ctx,
-                verify_s=t5 - t3,
-                overhead_s=non_verify,
-            )
-        )
-        # the controller's overhead is a speculative step's: plain steps do not dilute it
-        self._other.observe(non_verify - (t1 - t0))
-        t7 = time.perf_counter()
-        self._per_token.observe((t7 - t0) / (verdict.num_accepted + 1))
-        record = StepRecord(
-            budget=n,
-            accepted=verdict.num_accepted,
-            emitted=verdict.num_accepted + 1,
-            context_len=ctx,
-            predicted_accept=tree.accept_score(),
-            predicted_speedup=decision.predicted_speedup,
-            timings=StageTimings(
-                draft=t1 - t0, tree=t2 - t1, controller=t3 - t2, verify=t4 - t3, accept=t5 - t4, commit=t6 - t5, other=t7 - t6
-            ),
-            calibrated_accept=decision.calibrated_accept,
-            drafted=True,
-        )
-        return StepOutcome(record=record, verdict=verdict)
-
-    def _plain_step(
-        self,
-        root: int,
-        ctx: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        stream: PositionalStream | None,
-    ) -> StepOutcome:
-        """One plain step: the target alone verifies the root (one forward, one token, no draft, no tree,
-        no controller decision). It asks the target for the drafter's feature layers only and commits them
-        to the drafter, whose context stays complete at no extra forward. It samples exactly as a
-        speculative step's verifier samples a tree's root (the draw of position ``ctx + 1``)."""
-        t0 = time.perf_counter()
-        tree = self._root_tree(root)
-        out = self.target.forward_tree(tree, self.drafter.feature_layers)
-        t1 = time.perf_counter()
-        # the root samples position ctx + 1, as a tree's root does (a host-computed uniform: one position)
-        if self.strict_verdicts:  # the full verdict path, so the strict greedy check sees it
-            verdict = self._verify(tree, out.logits, at_position(sampling, stream, ctx + 1, rows=1, device=out.logits.device), generator)
-        else:  # the verifier's plain-step path: the next token alone, no tree walk
-            token = self.verifier.next_tokens([root], out.logits, [at_position(sampling, stream, ctx + 1)], [generator])
-            verdict = Verdict(self._root_path, (), check_next_tokens(token, 1, self.target.vocab_size, self.verifier)[0])
-        t2 = time.perf_counter()
-        nodes = verdict.accepted_nodes
-        self.target.commit(nodes)
-        self.drafter.commit(tree.tokens, out.features)  # the features the plain forward already produced
-        t3 = time.perf_counter()
-        self._plain_steps += 1
-        # plain steps are all alike (n = 1, no draft): the first of a run and then one in
-        # _PLAIN_REPORT_EVERY go to the latency model and the controller, which keep running means
-        if (self._plain_steps - 1) % _PLAIN_REPORT_EVERY == 0:
-            self.latency_model.observe(1, ctx, t2 - t0)  # forward + the read of its choice
-            self.budget_controller.observe(
-                StepFeedback(
-                    drafted=False,
-                    log_scores=self._root_only[2],
-                    accepted_nodes=nodes,
-                    context_len=ctx,
-                    verify_s=t2 - t0,
-                    overhead_s=t3 - t2,
-                )
-            )
-        timings = StageTimings(verify=t1 - t0, accept=t2 - t1, commit=t3 - t2, other=time.perf_counter() - t3)
-        return StepOutcome(record=StepRecord.plain(ctx, timings), verdict=verdict)
-
-    def _verify(
-        self, tree: Tree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
-    ) -> Verdict:
-        """The verifier's checked verdict on ``tree`` from the target's ``logits`` [n, V]; ``sampling``
-        carries the nodes' uniforms of a seeded run."""
-        verdict = self.verifier.verify(tree, logits, sampling, generator)
-        check_verdict(verdict, tree, self.target.vocab_size, self.verifier)  # cheap, always on
-        if self.strict_verdicts and sampling.greedy:
-            check_greedy_verdict(verdict, tree, logits, self.verifier)
-        return verdict
-
     # ------------------------------------------------------------------ helpers
-    def _root_tree(self, root: int) -> Tree:
-        """The one-node tree of a plain step (its host copy attached: no device read; the token written by
-        a fill, no host-to-device copy)."""
-        parents, depths, scores = self._root_only
-        tokens = torch.full((1,), root, dtype=torch.long, device=parents.device)  # [1]
-        return Tree(tokens, parents, depths, scores, host=HostTree((root,), (-1,), (0,), (0.0,)))
-
     def _fit_proposal(self, proposal: Any, root: int, max_depth: int) -> Marginals | CandidateTree:
         """Check the proposal's kind against the tree builder and cut it to ``max_depth`` (never draft past
         the position limit or the token budget)."""
@@ -953,22 +664,13 @@ class Pipeline:
             raise InvalidInputError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
         if input_ids.shape[1] >= self.target.max_positions:
             raise InvalidInputError(
-                f"prompt has {input_ids.shape[1]} tokens; the target accepts at most {self.target.max_positions} "
-                "positions, leaving no room to generate"
+                f"prompt has {input_ids.shape[1]} tokens; the target accepts at most {self.target.max_positions} positions "
+                "(a Hugging Face config's max_position_embeddings), leaving no room to generate"
             )
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= self.target.vocab_size:
             raise InvalidInputError(f"token ids must lie in [0, {self.target.vocab_size}), found [{lo}, {hi}]")
         return input_ids.to(device=self.target.device, dtype=torch.long)
-
-    def _generator(self, stream: PositionalStream | None) -> torch.Generator | None:
-        """A generator for verifiers that draw by themselves instead of through ``sampling.uniforms``."""
-        if stream is None:
-            return None
-        return seeded_generator(stream.seed, self.target.device)
-
-    def _sync(self) -> None:
-        device_sync(self.target.device)
 
     def _prompt_ids(self, prompt: Prompt) -> torch.Tensor:
         """Any accepted prompt form -> a checked LongTensor [1, L] on the target's device."""
@@ -1123,6 +825,40 @@ def prompt_rows(prompts: Any) -> Any:
     return [row[k.to(row.device)] for row, k in zip(prompts, keep)]
 
 
+def _text_chunks(engine: Engine, request: Any) -> Generator[str, None, GenerationResult]:
+    """A batch of one's steps as its text chunks -> its result (errors raised, text decoded)."""
+    while not engine.idle:
+        for update in engine.step():
+            if update.error is not None:
+                raise update.error
+            if update.text:
+                yield update.text
+    return engine.pipe._with_text(request.result)
+
+
+def _commit_pairs(engine: Engine, request: Any) -> Generator[tuple[list[int], StepRecord | None], int | None, GenerationResult]:
+    """A batch of one's steps as ``(tokens, record)`` per commit (record None for the first token, drawn
+    from the prefill); ``send(k)`` keeps the first ``k`` of the tokens just yielded and ends it."""
+    while not engine.idle:
+        for update in engine.step():
+            if update.error is not None:
+                raise update.error
+            if not update.tokens:
+                continue
+            record = request.steps[-1] if request.steps else None
+            keep = yield list(update.tokens), record
+            if keep is not None:
+                request.stop_after(len(request.tokens) - len(update.tokens) + _check_keep(keep, len(update.tokens)))
+    return request.result
+
+
+def _check_keep(keep: Any, emitted: int) -> int:
+    """The ``k`` of ``decode_steps(...).send(k)``: an int in [0, tokens just yielded]."""
+    if isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or not 0 <= int(keep) <= emitted:
+        raise InvalidInputError(f"send(k) keeps the first k of the {emitted} tokens just yielded: k must be an int in [0, {emitted}], got {keep!r}")
+    return int(keep)
+
+
 def _is_messages(value: Any) -> bool:
     return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(m, Mapping) and "role" in m for m in value)
 
@@ -1130,10 +866,6 @@ def _is_messages(value: Any) -> bool:
 def _row_callback(on_step: Callable[[int, StepRecord], Any], i: int) -> Callable[[StepRecord], Any]:
     """``on_step`` bound to row ``i``: called as ``on_step(i, record)``."""
     return lambda record: on_step(i, record)
-
-
-def _with_emitted(record: StepRecord, emitted: int) -> StepRecord:
-    return attrs.evolve(record, emitted=emitted)
 
 
 def _builtin(component: object) -> bool:

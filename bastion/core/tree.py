@@ -60,6 +60,16 @@ class Tree:
         return torch.tensor(self.on_host().log_scores, dtype=torch.float32)
 
     @classmethod
+    def root_only(cls, token: int, device: torch.device | str = "cpu") -> "Tree":
+        """The one-node tree of a plain step: ``token`` alone, its host copy attached (no device read;
+        the token written by a fill, no host-to-device copy)."""
+        tokens = torch.full((1,), int(token), dtype=torch.long, device=device)  # [1]
+        parents = torch.full((1,), -1, dtype=torch.long, device=device)  # [1]
+        depths = torch.zeros(1, dtype=torch.long, device=device)  # [1]
+        scores = torch.zeros(1, dtype=torch.float32, device=device)  # [1]
+        return cls(tokens, parents, depths, scores, host=HostTree((int(token),), (-1,), (0,), (0.0,)))
+
+    @classmethod
     def from_parents(
         cls, tokens: torch.Tensor | list[int], parents: torch.Tensor | list[int], log_scores: torch.Tensor | None = None
     ) -> "Tree":

@@ -28,13 +28,14 @@ from typing import Any, Callable, Sequence
 import attrs
 import torch
 
-from bastion.core.batching import DraftBatch, TargetBatch
+from bastion.core.batching import DraftBatch, SoloDraftBatch, SoloTargetBatch, TargetBatch
 from bastion.core.blame import plugin_of
 from bastion.core.candidates import CandidateTree
 from bastion.core.checks import check_built_tree, check_decision, check_greedy_verdict, check_next_tokens, check_verdict
 from bastion.core.errors import BastionError, ComponentError, IncompatibleComponentsError, InvalidInputError
 from bastion.core.interfaces import BatchStepCosts
 from bastion.core.sampling import at_position, sample_tokens
+from bastion.core.running import RobustLevel
 from bastion.core.sync import device_sync, to_host
 from bastion.core.tree import Tree
 from bastion.core.types import DraftContext, DraftStep, Marginals, StageTimings, StepFeedback, StepRecord
@@ -64,7 +65,13 @@ class Engine:
     long prompt stalls the others by one chunk's forward at a time, not by its whole prefill."""
 
     def __init__(
-        self, pipe: Any, *, max_running: int | None = None, prefill_tokens: int = 4096, prefill_chunk: int | None = None
+        self,
+        pipe: Any,
+        *,
+        max_running: int | None = None,
+        prefill_tokens: int = 4096,
+        prefill_chunk: int | None = None,
+        solo: bool = False,
     ) -> None:
         if max_running is not None and (isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1):
             raise InvalidInputError(f"max_running must be an int >= 1 or None, got {max_running!r}")
@@ -73,6 +80,10 @@ class Engine:
         if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1):
             raise InvalidInputError(f"prefill_chunk must be an int >= 1 or None, got {prefill_chunk!r}")
         self.pipe = pipe
+        #: one row at a time on the target's and drafter's own single-sequence state (the caller owns it)
+        self.solo = bool(solo)
+        if self.solo:
+            max_running, prefill_chunk = 1, None
         self.max_running = max_running
         self.prefill_tokens = prefill_tokens
         self.prefill_chunk = prefill_chunk
@@ -86,6 +97,7 @@ class Engine:
         self._tb: TargetBatch | None = None
         self._drafts: DraftBatch | None = None
         self._plain_steps = 0  # consecutive plain steps so far
+        self._per_token = RobustLevel()  # seconds per committed token of a row in a speculative step
         self._sampling_key: object = None
         self.last_step: StepSummary | None = None
         self.steps = 0
@@ -244,6 +256,10 @@ class Engine:
 
     def _open(self, prompts: list[torch.Tensor], stage: "_Stage") -> tuple[TargetBatch, Any]:
         pipe = self.pipe
+        if self.solo:
+            stage.at("target", pipe.target, "prefill")
+            (prompt,) = prompts
+            return SoloTargetBatch.open(pipe.target, prompt, self._layers)
         stage.at("target", pipe.target, "open_batch")
         opened = pipe.target.open_batch(prompts, self._layers)
         if opened is None:
@@ -266,14 +282,17 @@ class Engine:
         roots = self._first_tokens(last_logits, batch)
         drafts = None
         if self.drafts:
-            stage.at("drafter", pipe.drafter, "open_batch")
             copy = getattr(pipe, "copy_contexts", False)  # a plugin drafter gets copies of the prompts
-            drafts = pipe.drafter.open_batch(
-                [
-                    DraftContext(tokens=r.prompt.clone() if copy else r.prompt, features=None if features is None else features[i])
-                    for i, r in enumerate(batch)
-                ]
-            )
+            contexts = [
+                DraftContext(tokens=r.prompt.clone() if copy else r.prompt, features=None if features is None else features[i])
+                for i, r in enumerate(batch)
+            ]
+            if self.solo:
+                stage.at("drafter", pipe.drafter, "begin")
+                drafts = SoloDraftBatch(pipe.drafter, contexts[0])
+            else:
+                stage.at("drafter", pipe.drafter, "open_batch")
+                drafts = pipe.drafter.open_batch(contexts)
         device_sync(pipe.target.device)
         now = time.perf_counter()
         for request, root in zip(batch, roots):
@@ -342,9 +361,12 @@ class Engine:
         return tb_ok and drafts_ok
 
     def _begin_batch(self) -> None:
-        """Tell the controller the batch (re)started at its current size."""
+        """Tell the controller the batch (re)started at its current size (a batch of one: a sequence)."""
         rule = self._rows[0].rule
-        self.pipe.budget_controller.begin_batch(rule, len(self._rows))
+        if len(self._rows) == 1:
+            self.pipe.budget_controller.begin(rule)
+        else:
+            self.pipe.budget_controller.begin_batch(rule, len(self._rows))
 
     def _leave(self, updates: list[StepUpdate]) -> None:
         """Finished and cancelled rows leave the batch states."""
@@ -389,10 +411,15 @@ class Engine:
         drafted = False
         if self.drafts and any(d >= 1 for d in depths):
             costs = pipe._batch_costs
-            stage.at("budget_controller", pipe.budget_controller, "speculate_batch")
-            drafted = bool(
-                pipe.budget_controller.speculate_batch(ctxs, pipe.latency_model, BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b)))
-            )
+            controller = pipe.budget_controller
+            if b == 1:  # a batch of one is a single sequence: the controller's single-sequence question
+                stage.at("budget_controller", controller, "speculate")
+                drafted = bool(controller.speculate())
+            else:
+                stage.at("budget_controller", controller, "speculate_batch")
+                drafted = bool(
+                    controller.speculate_batch(ctxs, pipe.latency_model, BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b)))
+                )
         if drafted:
             width, emitted = self._speculative(rows, ctxs, depths, t0, updates, stage)
         else:
@@ -444,7 +471,7 @@ class Engine:
         for request, tok, ctx in zip(rows, tokens, ctxs):
             record = StepRecord(
                 budget=1, accepted=0, emitted=1, context_len=ctx, predicted_accept=1.0, predicted_speedup=None,
-                timings=timings, drafted=False, batch_size=b, width=1,
+                timings=timings, drafted=False, batch_size=b, width=1 if b > 1 else None,
             )
             emitted += self._commit_row(request, [tok], ctx + 1, record, updates)
         pipe._batch_costs.plain.observe(b, overhead + (time.perf_counter() - t3))  # records included
@@ -461,37 +488,53 @@ class Engine:
         costs = pipe._batch_costs
         b = len(rows)
         t_draft = time.perf_counter()
+        other_s = costs.other(b)
+        per_token = self._per_token.value or None
         stage.at("drafter", pipe.drafter, "propose")
         proposals = drafts.propose(
             [
-                DraftStep(root_token=r.root, context_len=ctx, temperature=1.0 if r.stream is None else r.rule.temperature)
-                for r, ctx in zip(rows, ctxs)
+                DraftStep(
+                    root_token=r.root, context_len=ctx, temperature=1.0 if r.stream is None else r.rule.temperature,
+                    max_depth=max(d, 1), max_nodes=pipe.max_nodes, seconds_per_token=per_token,
+                    # a single sequence's drafter may expand its tree while the controller's objective rises
+                    estimate_speedup=controller.speedup_estimator(ctx, pipe.latency_model, other_s) if b == 1 else None,
+                )
+                for r, ctx, d in zip(rows, ctxs, depths)
             ]
         )
         t1 = time.perf_counter()
         stage.at("tree_builder", pipe.tree_builder, "build")
         trees = [self._row_tree(p, r.root, d) for p, r, d in zip(proposals, rows, depths)]
         t2 = time.perf_counter()
-        stage.at("budget_controller", controller, "decide_width")
-        decision = controller.decide_width([t.log_scores for t in trees], ctxs, pipe.latency_model, costs.other(b), costs.draft(b))
-        width = check_decision(controller, decision, max(len(t) for t in trees), method="decide_width", error=ComponentError)
+        scores = [t.log_scores_cpu() for t in trees]  # each row's log rho [n_i], from the builder's host copy
+        if b == 1:  # a single sequence: the tree size that maximizes its own speedup
+            stage.at("budget_controller", controller, "decide")
+            decision = controller.decide(scores[0], ctxs[0], pipe.latency_model, other_s + costs.draft(b))
+            width = check_decision(controller, decision, len(trees[0]), error=ComponentError)
+        else:  # one width for the batch
+            stage.at("budget_controller", controller, "decide_width")
+            decision = controller.decide_width(scores, ctxs, pipe.latency_model, other_s, costs.draft(b))
+            width = check_decision(controller, decision, max(len(t) for t in trees), method="decide_width", error=ComponentError)
         trees = [t.truncate(min(width, len(t))) for t in trees]
         t3 = time.perf_counter()
         stage.at("target", pipe.target, "forward_trees")
         out = tb.forward_trees(trees, self._layers)
-        device_sync(pipe.target.device)
-        t4 = time.perf_counter()
+        t4 = time.perf_counter()  # on an asynchronous device the verifier's host read below waits for the forward
         row_sampling = [
             r.rule if r.stream is None else r.stream.for_tree(r.rule, ctx, tree.depths)  # node i: position ctx + d_i + 1
             for r, tree, ctx in zip(rows, trees, ctxs)
         ]
-        stage.at("verifier", pipe.verifier, "verify_batch")
-        verdicts = pipe.verifier.verify_batch(trees, out.logits, row_sampling, [r.generator for r in rows])
-        if getattr(pipe, "strict_verdicts", False):  # a verifier that is not bastion's own, or asked for
-            for i, (verdict, tree, r) in enumerate(zip(verdicts, trees, rows)):
-                check_verdict(verdict, tree, pipe.target.vocab_size, pipe.verifier)
-                if r.stream is None:
-                    check_greedy_verdict(verdict, tree, out.logits[i, : len(tree)], pipe.verifier)
+        if b == 1:  # a single sequence's verdict
+            stage.at("verifier", pipe.verifier, "verify")
+            verdicts = [pipe.verifier.verify(trees[0], out.logits[0, : len(trees[0])], row_sampling[0], rows[0].generator)]
+        else:
+            stage.at("verifier", pipe.verifier, "verify_batch")
+            verdicts = pipe.verifier.verify_batch(trees, out.logits, row_sampling, [r.generator for r in rows])
+        strict = getattr(pipe, "strict_verdicts", False)  # a verifier that is not bastion's own, or asked for
+        for i, (verdict, tree, r) in enumerate(zip(verdicts, trees, rows)):
+            check_verdict(verdict, tree, pipe.target.vocab_size, pipe.verifier)  # host checks: cheap, always on
+            if strict and r.stream is None:
+                check_greedy_verdict(verdict, tree, out.logits[i, : len(tree)], pipe.verifier)
         t5 = time.perf_counter()
         nodes = [v.accepted_nodes for v in verdicts]
         stage.at("target", pipe.target, "commit")
@@ -502,18 +545,17 @@ class Engine:
             [tree.tokens[n.to(tree.device)] for tree, n in zip(trees, nodes)],
             [None if feats is None else feats[i, n.to(feats.device)] for i, n in enumerate(nodes)],
         )
-        device_sync(pipe.target.device)
-        t6 = time.perf_counter()
+        t6 = time.perf_counter()  # no sync: the next step's first host read absorbs the queued commit work
         width = max(len(t) for t in trees)
         self._plain_steps = 0
         stage.at("latency_model", pipe.latency_model, "observe_batch")
-        pipe.latency_model.observe_batch(width, ctxs, t4 - t3)
-        non_verify = (t3 - t0) + (t6 - t4)
+        pipe.latency_model.observe_batch(width, ctxs, t5 - t3)  # the forward and the read of its verdicts
+        non_verify = (t3 - t0) + (t6 - t5)
         stage.at("budget_controller", controller, "observe")
-        for tree, n, ctx in zip(trees, nodes, ctxs):
+        for tree, row_scores, n, ctx in zip(trees, scores, nodes, ctxs):
             controller.observe(
                 StepFeedback(
-                    drafted=True, log_scores=tree.log_scores, accepted_nodes=n, context_len=ctx, verify_s=t4 - t3,
+                    drafted=True, log_scores=row_scores[:len(tree)], accepted_nodes=n, context_len=ctx, verify_s=t5 - t3,
                     overhead_s=non_verify, batch_size=b,
                 )
             )
@@ -523,11 +565,13 @@ class Engine:
             record = StepRecord(
                 budget=len(tree), accepted=verdict.num_accepted, emitted=verdict.num_accepted + 1, context_len=ctx,
                 predicted_accept=tree.accept_score(), predicted_speedup=decision.predicted_speedup, timings=timings,
-                calibrated_accept=decision.calibrated_accept, drafted=True, batch_size=b, width=width,
+                calibrated_accept=decision.calibrated_accept, drafted=True, batch_size=b, width=width if b > 1 else None,
             )
             emitted += self._commit_row(request, list(verdict.emitted), ctx + len(verdict.accepted_nodes), record, updates)
         costs.draft.observe(b, t2 - t_draft)
-        costs.other.observe(b, (t_draft - t0) + (t3 - t2) + (time.perf_counter() - t4))  # records included
+        t7 = time.perf_counter()
+        costs.other.observe(b, (t_draft - t0) + (t3 - t2) + (t7 - t5))  # records included
+        self._per_token.observe((t7 - t0) * b / max(emitted, 1))
         return width, emitted
 
     def _commit_row(self, request: Request, tokens: list[int], committed: int, record: StepRecord, updates: list[StepUpdate]) -> int:
@@ -545,7 +589,7 @@ class Engine:
         """A row's best tree under its drafting limit (a root-only tree when it may not draft at all)."""
         pipe = self.pipe
         if max_depth < 1:
-            return pipe._root_tree(root)
+            return Tree.root_only(root, pipe.target.device)
         proposal = pipe._fit_proposal(proposal, root, max_depth)
         tree = pipe.tree_builder.build(proposal, root_token=root, max_nodes=pipe.max_nodes)
         if pipe.validate_trees:

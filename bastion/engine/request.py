@@ -13,6 +13,7 @@ import itertools
 import time
 from typing import Any, Callable, Literal
 
+import attrs
 import torch
 from attrs import field, frozen
 
@@ -124,6 +125,18 @@ class Request:
             self.t_first_token = time.perf_counter()
         return kept, chunk if self.emit_text else ""
 
+    def stop_after(self, n: int) -> None:
+        """End the request keeping its first ``n`` tokens (a caller's own stop, e.g. the ``send(k)`` of
+        :meth:`bastion.Pipeline.decode_steps`); the last step's record counts only what it kept. It
+        leaves the engine's batch at the next step, with ``stop_reason`` ``"stop"``."""
+        cut = len(self.tokens) - n
+        if cut > 0:
+            del self.tokens[n:]
+            if self.steps:
+                last = self.steps[-1]
+                self.steps[-1] = attrs.evolve(last, emitted=max(last.emitted - cut, 0))
+        self.stop_reason = "stop"
+
     def finish(self, reason: StopReason | None = None, error: BaseException | None = None) -> str:
         """Close the request (``reason`` overrides a stop found earlier) -> the text still held back."""
         if reason is not None:
@@ -133,7 +146,8 @@ class Request:
         tail = ""
         if self.tracker is not None:
             tail = self.tracker.finish()
-        start = self.t_admitted if self.t_admitted is not None else self.t_queued
+        # from the start of its prefill (a queue wait excluded), as a generation's wall time counts it
+        start = self.t_queued if self.t_admitted is None else self.t_admitted - self.prefill_s
         self.result = GenerationResult(
             tokens=list(self.tokens),
             steps=tuple(self.steps),
