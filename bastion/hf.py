@@ -155,8 +155,8 @@ class SpeculativeGenerate:
             raise InvalidInputError(f"max_length {generation_config.max_length} leaves no room after the {length}-token prompt")
         eos = _ids(getattr(generation_config, "_eos_token_tensor", None)) or _ids(generation_config.eos_token_id)
         pad = _ids(getattr(generation_config, "_pad_token_tensor", None)) or _ids(generation_config.pad_token_id)
-        pipe = self.pipeline(model)
         stops = list(_stop_list(stop_strings))
+        pipe = self.pipeline(model)
         seed: int | None = None
         if self.config is not None:  # a bastion.GenerationConfig: its sampling, stops, end tokens and length
             rule = self.config.sampling
@@ -172,15 +172,15 @@ class SpeculativeGenerate:
             seed = None
         elif seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item())
+        # the call's settings, checked once by the rule of every path (bastion.GenerationConfig)
+        cfg = _call_config(max_new, sampling, seed)
         with torch.inference_mode():
             if batch == 1:
-                rows = [self._decode_one(model, pipe, input_ids, model_kwargs.get("attention_mask"), max_new, sampling, seed,
-                                         stopping_criteria, streamer)]
+                rows = [self._decode_one(model, pipe, input_ids, model_kwargs.get("attention_mask"), cfg, stopping_criteria, streamer)]
             else:
                 if streamer is not None:
                     raise InvalidInputError("streamers take one sequence at a time; stream a batch of 1")
-                rows = self._decode_batch(pipe, input_ids, model_kwargs.get("attention_mask"), max_new, sampling, seed,
-                                          eos, stopping_criteria)
+                rows = self._decode_batch(pipe, input_ids, model_kwargs.get("attention_mask"), cfg, eos, stopping_criteria)
         if streamer is not None:
             streamer.end()
         fill = pad[0] if pad else (eos[0] if eos else 0)
@@ -202,18 +202,17 @@ class SpeculativeGenerate:
         pipe: Any,
         input_ids: torch.Tensor,  # [1, L]
         attention_mask: torch.Tensor | None,
-        max_new: int,
-        sampling: dict[str, Any],
-        seed: int | None,
+        cfg: Any,  # GenerationConfig
         stopping_criteria: Any,
         streamer: Any,
     ) -> list[int]:
+        max_new, sampling, seed = cfg.max_new_tokens, _sampling_dict(cfg), cfg.sampling.seed
         seq = input_ids  # [1, L + produced]: what the stopping criteria see, as in Hugging Face's loop
         out: list[int] = []
         stopped = False
         if input_ids.shape[1] < pipe.target.max_positions:
             prompt = {"input_ids": input_ids, "attention_mask": attention_mask} if attention_mask is not None else input_ids
-            steps = pipe.decode_steps(prompt, max_new, seed=seed, stop_on_eos=False, **sampling)
+            steps = pipe.decode_steps(prompt, config=cfg)
             keep = None
             while True:
                 try:
@@ -243,16 +242,17 @@ class SpeculativeGenerate:
         pipe: Any,
         input_ids: torch.Tensor,  # [B, L]
         attention_mask: torch.Tensor | None,
-        max_new: int,
-        sampling: dict[str, Any],
-        seed: int | None,
+        cfg: Any,  # GenerationConfig
         eos: list[int],
         stopping_criteria: Any,
     ) -> list[list[int]]:
+        import attrs
+
+        max_new = cfg.max_new_tokens
         prompts = {"input_ids": input_ids, "attention_mask": attention_mask} if attention_mask is not None else input_ids
         # the pipeline may stop at the target's end tokens only when those also end the generation here
         stop_on_eos = pipe.target.eos_token_ids <= frozenset(eos)
-        results = pipe.generate_batch(prompts, max_new, seed=seed, stop_on_eos=stop_on_eos, **sampling)
+        results = pipe.generate_batch(prompts, config=attrs.evolve(cfg, stop_on_eos=stop_on_eos))
         rows = []
         cut = [i for i, res in enumerate(results) if res.stop_reason == "position-limit" and len(res.tokens) < max_new]
         if cut:
@@ -328,12 +328,27 @@ def _plain_tail(
     return out
 
 
+def _call_config(max_new: int, sampling: dict[str, Any], seed: int | None) -> Any:
+    """One call's settings as a :class:`bastion.GenerationConfig` (end tokens and stop strings are the
+    stopping criteria's, checked token by token here): every value checked by the rule of every path."""
+    from bastion.engine.params import GenerationConfig, SamplingParams
+
+    return GenerationConfig(max_new_tokens=max_new, sampling=SamplingParams(**sampling, seed=seed), stop_on_eos=False)
+
+
+def _sampling_dict(cfg: Any) -> dict[str, Any]:
+    sp = cfg.sampling
+    return {"temperature": sp.temperature, "top_k": sp.top_k, "top_p": sp.top_p}
+
+
 def _stop_list(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return (value,)
-    return tuple(value)
+    """``stop_strings=`` checked by the rule of every stop string (non-empty strings, one or a list)."""
+    from bastion.core.text import check_stop_strings
+
+    try:
+        return check_stop_strings(value)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"stop_strings: {exc}") from None
 
 
 def _with_stop_strings(criteria: Any, stops: list[str], tokenizer: Any) -> Any:

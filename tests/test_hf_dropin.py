@@ -67,13 +67,15 @@ def test_sampling_settings_are_read_from_the_processors_generate_built(monkeypat
     pipe = fn.pipeline(model)
     real = pipe.decode_steps
 
-    def spy(prompt, max_new, **kw):
-        seen.update(kw)
-        return real(prompt, max_new, **kw)
+    def spy(prompt, *args, **kw):
+        seen["config"] = kw["config"]  # the call's one checked GenerationConfig
+        return real(prompt, *args, **kw)
 
     monkeypatch.setattr(pipe, "decode_steps", spy)
     model.generate(torch.tensor([[3, 4]]), max_new_tokens=3, do_sample=True, temperature=0.7, top_k=5, top_p=0.9, custom_generate=fn)
-    assert (seen["temperature"], seen["top_k"], seen["top_p"]) == (pytest.approx(0.7), 5, pytest.approx(0.9))
+    sp = seen["config"].sampling
+    assert (sp.temperature, sp.top_k, sp.top_p) == (pytest.approx(0.7), 5, pytest.approx(0.9))
+    assert seen["config"].max_new_tokens == 3 and not seen["config"].stop_on_eos
 
 
 def test_a_left_padded_batch_with_attention_mask_equals_plain_generate():

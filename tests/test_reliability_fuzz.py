@@ -88,7 +88,7 @@ def test_a_mutated_checkpoint_decodes_losslessly_or_is_a_named_bastion_error(tmp
         out = pipe.generate(PROMPT, max_new_tokens=6)
     except BastionError as exc:
         first = str(exc).splitlines()[0]
-        named = [str(root), "config.json", "safetensors", "vocabulary", *FIELDS]
+        named = [str(root), "config.json", "safetensors", "vocabulary", "positions", *FIELDS]
         assert any(name in first for name in named), first
         return
     model = pipe.target.model

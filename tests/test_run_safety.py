@@ -139,7 +139,7 @@ def test_a_resume_with_another_target_is_refused(pair: TinyPair, tmp_path: Path,
 def test_seed_minus_one_is_refused_like_generate_refuses_it(pair: TinyPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out.jsonl"
     assert main(_args(pair, _prompts(tmp_path / "in.jsonl"), out, "--seed", "-1", "--temperature", "0.7")) == 2
-    assert "--seed must be an int in [0, 2**64), got -1" in _err(capsys)
+    assert "--seed: seed must be an int in [0, 2**64), got -1" in _err(capsys)
     assert not out.exists()
 
 

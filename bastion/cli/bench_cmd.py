@@ -64,6 +64,27 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
+def check_bench_settings(args: argparse.Namespace) -> None:
+    """The bench's sampling settings (``--temperature`` or each of ``--temperatures``, ``--top-p``,
+    ``--top-k``, ``--seed``, ``--max-new-tokens``) by the rule every path applies
+    (:func:`bastion.cli.options.generation_settings`), and its counts (``--limit``, ``--repeats`` >= 1,
+    ``--warmup-tokens`` >= 0); a bad value raises :class:`InvalidInputError` naming the option."""
+    from bastion.cli.options import generation_settings
+    from bastion.core.checks import check_int
+    from bastion.core.errors import InvalidInputError
+
+    generation_settings(args, names=("max_new_tokens", "temperature", "top_p", "top_k", "seed"))
+    for t in args.temperatures or ():
+        try:
+            generation_settings(argparse.Namespace(temperature=t), names=("temperature",))
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"--temperatures: {exc}") from None
+    for flag, name, low in (("--limit", "limit", 1), ("--repeats", "repeats", 1), ("--warmup-tokens", "warmup_tokens", 0)):
+        value = getattr(args, name, None)
+        if value is not None:
+            check_int(flag, value, low=low)
+
+
 def build_config(args: argparse.Namespace) -> Any:
     """The :class:`BenchConfig` the parsed arguments describe (``--quick`` first, explicit flags win)."""
     from bastion.bench.methods import default_methods
@@ -141,16 +162,14 @@ def load_drafters(target: str | None, entries: list[str], device: str, dtype: st
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from bastion.bench.reporting import markdown_report, write_report
     from bastion.bench.runner import load_prompts, run_bench
-    from bastion.cli.options import configure_output
+    from bastion.cli.options import configure_output, set_threads
     from bastion.distributed import setup, teardown
 
     configure_output(args.verbose)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
+    check_bench_settings(args)  # every number checked before the data or any model loads
     from bastion.bench.contention import Contention, parse_contention
 
     if not args.no_plots:  # a missing plotting library fails before any model loads, not after the bench

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from bastion.cli.options import add_model_options, build_pipeline, configure_output
+from bastion.cli.options import add_model_options, build_pipeline, configure_output, generation_settings, set_threads
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -52,20 +52,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def read_prompt(args: argparse.Namespace) -> str:
     """The prompt text from --prompt (``-``: stdin) or --prompt-file (``-``: stdin)."""
-    from bastion.core.errors import InvalidInputError
-
     if args.prompt is not None:
         return _checked_text(sys.stdin.read() if args.prompt == "-" else args.prompt, "the prompt")
     if args.prompt_file == "-":
         return _checked_text(sys.stdin.read(), "the prompt from stdin")
-    try:
-        with open(args.prompt_file, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise InvalidInputError(f"cannot read --prompt-file {args.prompt_file}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InvalidInputError(f"--prompt-file {args.prompt_file} is not UTF-8 text") from None
-    return _checked_text(text, f"--prompt-file {args.prompt_file}")
+    from bastion.core.files import read_text_file
+
+    return _checked_text(read_text_file(args.prompt_file, "--prompt-file"), f"--prompt-file {args.prompt_file}")
 
 
 def read_prompts(prompts: list[str]) -> list[str]:
@@ -140,27 +133,19 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     configure_output(args.verbose)
-    if args.threads is not None:
-        from bastion.core.errors import InvalidInputError
-
-        if args.threads < 1:
-            raise InvalidInputError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
+    config = generation_settings(args)  # every setting checked before any model loads
     if args.prompt and len(args.prompt) > 1:  # several prompts: one batch
-        return _run_batch(args)
+        return _run_batch(args, config)
     args.prompt = args.prompt[0] if args.prompt else None
     prompt = read_prompt(args)  # before any model loads
     pipe = build_pipeline(args)
     ids = encode_prompt(pipe, prompt, args.template)
-    options = dict(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-        top_p=args.top_p, top_k=args.top_k, stop=args.stop or None,
-    )
     with torch.inference_mode():
         if args.json:
-            result = pipe.generate(ids, **options)
+            result = pipe.generate(ids, config=config)
         else:
-            stream = pipe.stream(ids, **options)
+            stream = pipe.stream(ids, config=config)
             for chunk in stream:
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
@@ -170,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
         if args.compare_ar:
             from bastion.bench.methods import ARDecoder
 
-            ar = ARDecoder(pipe.target).generate(ids, max_new_tokens=max(1, len(result.tokens)), temperature=args.temperature, seed=args.seed)
+            sp = config.sampling
+            ar = ARDecoder(pipe.target).generate(ids, max_new_tokens=max(1, len(result.tokens)), temperature=sp.temperature, seed=sp.seed)
     if args.json:
         print(json.dumps(result_json(result, ar), indent=2))
     else:
@@ -179,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_batch(args: argparse.Namespace) -> int:
+def _run_batch(args: argparse.Namespace, config: Any) -> int:
     """Several ``--prompt``s: one ``generate_batch`` call. Text mode prints each row's text under a
     header on stdout and the statistics on stderr; ``--json`` prints one JSON list, one object per row."""
     import time
@@ -189,10 +175,11 @@ def _run_batch(args: argparse.Namespace) -> int:
     texts = read_prompts(args.prompt)  # before any model loads
     pipe = build_pipeline(args)
     rows = [encode_prompt(pipe, p, args.template)[0] for p in texts]
-    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, top_p=args.top_p, top_k=args.top_k)
+    sp = config.sampling
+    kw = dict(max_new_tokens=config.max_new_tokens, temperature=sp.temperature, seed=sp.seed, top_p=sp.top_p, top_k=sp.top_k)
     with torch.inference_mode():
         start = time.perf_counter()
-        results = pipe.generate_batch(rows, stop=args.stop or None, **kw)
+        results = pipe.generate_batch(rows, config=config)
         wall = time.perf_counter() - start
         ars: list[Any] = [None] * len(rows)
         if args.compare_ar:

@@ -41,6 +41,8 @@ __all__ = [
     "parse_option",
     "pipeline_kwargs",
     "resolve_cli_device",
+    "set_threads",
+    "generation_settings",
     "torch_dtype",
 ]
 
@@ -77,6 +79,43 @@ def _plain_option(text: str) -> tuple[None, str, Any]:
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return None, key.strip(), option_value(raw)
+
+
+def set_threads(threads: int | None) -> None:
+    """``--threads``: torch's CPU threads, an int >= 1 (None: torch's choice); the one rule of every
+    command (generate, run, bench, train)."""
+    from bastion.training.loop import set_threads as apply
+
+    apply(threads)
+
+
+#: the command-line spelling of each generation setting
+_FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+          "seed": "--seed", "stop": "--stop"}
+
+
+def generation_settings(args: argparse.Namespace, *, names: tuple[str, ...] = tuple(_FLAGS)) -> Any:
+    """The generation settings of the command line (``--max-new-tokens``, ``--temperature``, ``--top-p``,
+    ``--top-k``, ``--seed``, ``--stop``, those of ``names`` the command has) as one
+    :class:`~bastion.GenerationConfig`, checked by the rule every path applies
+    (:func:`bastion.engine.params.check_setting`) before any model loads; a bad value raises
+    :class:`~bastion.core.errors.InvalidInputError` naming the option."""
+    from bastion.core.errors import InvalidInputError
+    from bastion.engine.params import GenerationConfig, SamplingParams, check_setting
+
+    values: dict[str, Any] = {}
+    for name in names:
+        value = getattr(args, name, None)
+        if name == "stop" and isinstance(value, list) and not value:
+            value = None  # no --stop given
+        if value is None:
+            continue
+        try:
+            values[name] = check_setting(name, value)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{_FLAGS[name]}: {exc}") from None
+    sampling = SamplingParams(**{k: values.pop(k) for k in ("temperature", "top_p", "top_k", "seed") if k in values})
+    return GenerationConfig(sampling=sampling, **values)
 
 
 #: the --device default of every command that builds a pipeline (generate, bench, run, serve)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bastion.cli.options import add_model_options, build_pipeline
+from bastion.cli.options import add_model_options, build_pipeline, set_threads
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -59,8 +59,6 @@ def _model_name(target: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from bastion.core.errors import BastionError
     from bastion.distributed import setup, teardown
     from bastion.run.runner import RunConfig, run_file
@@ -68,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from bastion.cli.options import configure_output
 
     configure_output(args.verbose)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     config = RunConfig(
         input=args.input,
         output=args.output,

@@ -42,6 +42,7 @@ __all__ = [
     "predict_checked",
     "predict_batch_checked",
     "check_tokenizer",
+    "check_token_ids",
 ]
 
 #: seeds are integers in [0, SEED_LIMIT)
@@ -261,6 +262,26 @@ def check_tokenizer(tokenizer: Any, vocab_size: int, source: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- input values
+def check_token_ids(tokens: Any, vocab_size: int, *, name: str = "tokens") -> list[int]:
+    """``tokens`` (a sequence of ints or a 1-D integer tensor) as a list of ints inside the vocabulary
+    ``[0, vocab_size)``; floats, bools, strings and ids outside it raise :class:`InvalidInputError`
+    naming ``name`` and the first bad id (a tokenizer decodes an unknown id to nothing, silently)."""
+    if isinstance(tokens, torch.Tensor):
+        if tokens.dim() > 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise InvalidInputError(f"{name} must be a 1-D integer tensor or a list of ints, got {tokens.dtype} {tuple(tokens.shape)}")
+        tokens = tokens.tolist()
+    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__iter__"):
+        raise InvalidInputError(f"{name} must be a sequence of token ids, got {type(tokens).__name__}")
+    out = []
+    for k, tok in enumerate(tokens):
+        if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
+            raise InvalidInputError(f"{name}[{k}] must be an int token id, got {tok!r} ({type(tok).__name__})")
+        if not 0 <= int(tok) < vocab_size:
+            raise InvalidInputError(f"{name}[{k}] = {int(tok)} lies outside the vocabulary [0, {vocab_size})")
+        out.append(int(tok))
+    return out
+
+
 def check_int(name: str, value: object, *, low: int | None = 1, optional: bool = False) -> Any:
     """``value`` as an int >= ``low`` (no bound when ``low`` is None). Integer-like values (numpy
     ints) are accepted, bools and floats are not. With ``optional`` None passes through."""

@@ -14,9 +14,11 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import warnings
 from typing import Any, Callable, Iterator
 
-from bastion.core.errors import InvalidFileError
+from bastion.core.errors import FileSystemError, InvalidFileError, InvalidInputError
 
 __all__ = [
+    "read_text_file",
+    "decode_utf8",
     "read_json_object",
     "TensorInfo",
     "read_safetensors_header",
@@ -43,6 +45,32 @@ _DTYPE_BYTES = {
 }  # fmt: skip
 #: a header larger than this is not a weights file (the format caps it at 100 MB)
 _MAX_HEADER = 100_000_000
+
+
+def read_text_file(path: str | Path, what: str = "file") -> str:
+    """The UTF-8 text of the file at ``path`` (``what`` names it in errors: ``"--prompt-file"``,
+    ``"input file"``...). A missing file raises :class:`InvalidInputError`, a folder or an unreadable
+    file :class:`FileSystemError`, bytes that are not UTF-8 :class:`InvalidFileError` giving the first
+    bad byte and its offset; every message names the path."""
+    p = Path(path)
+    if not p.exists():
+        raise InvalidInputError(f"{what} {path} does not exist")
+    if p.is_dir():
+        raise FileSystemError(f"{what} {path} is a directory, not a file")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise FileSystemError(f"{what} {path}: cannot read it: {exc.strerror or exc}") from None
+    return decode_utf8(data, f"{what} {path}")
+
+
+def decode_utf8(data: bytes, where: str) -> str:
+    """``data`` decoded as UTF-8; other bytes raise :class:`InvalidFileError` naming ``where`` and the
+    first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidFileError(f"{where} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
 
 
 def read_json_object(path: str | Path) -> dict[str, Any]:

@@ -26,8 +26,10 @@ import pluggy
 
 from bastion.core import hookspecs
 from bastion.core.errors import (
+    BastionError,
     DuplicateComponentError,
     IncompatibleComponentsError,
+    InvalidInputError,
     InvalidOptionError,
     PluginLoadError,
     UnknownComponentError,
@@ -220,17 +222,25 @@ class Registry:
 
     def register_plugin(self, module: ModuleType | object, *, name: str | None = None, source: str = "runtime") -> None:
         """Register a hook-implementing object (module or instance) as a plugin and collect its components.
-        Raises :class:`PluginLoadError` naming any hook it implements that bastion does not specify."""
+        Raises :class:`PluginLoadError` naming any hook it implements that bastion does not specify, and
+        naming the plugin when its hook raises (chained to the original exception; bastion's own errors,
+        a duplicate name for instance, are raised as they are). Registration is all or nothing: what the
+        plugin registered before failing is rolled back."""
         self.load()
         name = name or getattr(module, "__name__", repr(module))
         with self._lock:
             snapshot = dict(self._components)
             try:
                 self._register_plugin(module, name, source)
-            except BaseException:  # all or nothing: what it registered before failing is rolled back
+            except BaseException as exc:  # all or nothing: what it registered before failing is rolled back
                 self._components = snapshot
                 if self.pm.is_registered(module):
                     self.pm.unregister(module)
+                if isinstance(exc, Exception) and not isinstance(exc, BastionError):
+                    raise PluginLoadError(
+                        f"plugin {name!r} failed while registering its components and registered nothing: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
                 raise
 
     def check_pending(self) -> None:
@@ -269,7 +279,9 @@ class Registry:
     def _add(self, info: ComponentInfo) -> None:
         self._check_kind(info.kind)
         if not isinstance(info.name, str) or not info.name:
-            raise ValueError(f"component names must be non-empty strings, got {info.name!r}")
+            raise InvalidInputError(
+                f"{info.kind} names must be non-empty strings, got {info.name!r} (registered by {info.plugin or info.source})"
+            )
         key = (info.kind, info.name)
         if key in self._components:
             prev = self._components[key]

@@ -12,18 +12,33 @@ from typing import Any, Sequence
 
 from bastion.core.errors import InvalidInputError
 
-__all__ = ["TextTracker", "check_stop_strings"]
+__all__ = ["TextTracker", "check_stop_strings", "split_jsonl_lines"]
 
 
 def check_stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
-    """``stop`` as a tuple of non-empty strings (one string or a sequence of them)."""
+    """``stop`` as a tuple of non-empty strings (one string or a list / tuple of them); anything else
+    raises :class:`InvalidInputError` naming ``stop``."""
     if stop is None:
         return ()
-    items = (stop,) if isinstance(stop, str) else tuple(stop)
+    if isinstance(stop, str):
+        items: tuple[object, ...] = (stop,)
+    elif isinstance(stop, (list, tuple)):
+        items = tuple(stop)
+    else:
+        raise InvalidInputError(f"stop must be a string or a list of strings, got {stop!r} ({type(stop).__name__})")
     for s in items:
         if not isinstance(s, str) or not s:
             raise InvalidInputError(f"stop strings must be non-empty strings, got {s!r}")
-    return items
+    return items  # type: ignore[return-value]
+
+
+def split_jsonl_lines(text: str) -> list[str]:
+    """The lines of JSON Lines ``text``: split at ``\\n`` only (``\\r\\n`` ends work too), never at the
+    other separators ``str.splitlines`` knows (U+2028, U+0085, ...), which JSON strings may hold raw."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 class TextTracker:

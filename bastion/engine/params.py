@@ -14,12 +14,17 @@ from typing import Any, Mapping
 import attrs
 from attrs import field, frozen
 
-from bastion.core.checks import check_seed
-from bastion.core.errors import InvalidInputError
+from bastion.core.checks import SEED_LIMIT, check_int, check_seed
+from bastion.core.errors import InvalidInputError, InvalidOptionError
 from bastion.core.text import check_stop_strings
 from bastion.core.types import SamplingConfig
 
-__all__ = ["GenerationConfig", "SamplingParams", "generation_config"]
+__all__ = ["GenerationConfig", "SamplingParams", "SAMPLING_SETTINGS", "SETTINGS", "check_setting", "derived_seed", "generation_config"]
+
+#: the settings of :class:`SamplingParams`
+SAMPLING_SETTINGS = ("temperature", "top_p", "top_k", "seed")
+#: every setting a generation takes (:class:`GenerationConfig`'s own fields and the sampling ones)
+SETTINGS = ("max_new_tokens", *SAMPLING_SETTINGS, "stop", "stop_on_eos")
 
 
 def _seed(value: object) -> int | None:
@@ -31,9 +36,7 @@ def _stops(value: object) -> tuple[str, ...]:
 
 
 def _max_new_tokens(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
-        raise InvalidInputError(f"max_new_tokens must be an int >= 1, got {value!r} ({type(value).__name__})")
-    return int(value)
+    return int(check_int("max_new_tokens", value))  # the rule of every count: an int >= 1, numpy ints too
 
 
 def _flag(name: str):  # type: ignore[no-untyped-def]
@@ -71,13 +74,30 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def with_seed(self, seed: int | None) -> "SamplingParams":
+        """A copy with another seed. The pipeline derives row seeds with it (``seed + i`` for row i of a
+        batch): a derived seed at or past 2**64 wraps around modulo 2**64 (:func:`derived_seed`), so the
+        largest seed is valid for a batch too; negative seeds, floats and bools are still refused."""
+        if seed is not None and isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and int(seed) >= 0:
+            seed = derived_seed(seed)
         return attrs.evolve(self, seed=seed)
+
+
+def derived_seed(seed: object, offset: int = 0) -> int:
+    """``seed + offset`` modulo 2**64: the seed of row ``offset`` of a batch seeded with ``seed``, or of
+    input line ``offset`` of a ``bastion run`` seeded with ``--seed``. Every seed a caller may pass
+    (an int in [0, 2**64)) gives seeds in that range, so ``seed=2**64 - 1`` is valid on every path."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise InvalidInputError(f"seed must be an int in [0, 2**64), got {seed!r} ({type(seed).__name__})")
+    return (int(seed) + int(offset)) % SEED_LIMIT
 
 
 def _sampling(value: object) -> SamplingParams:
     if isinstance(value, SamplingParams):
         return value
     if isinstance(value, Mapping):
+        unknown = sorted(str(k) for k in value if k not in SAMPLING_SETTINGS)
+        if unknown:
+            raise InvalidOptionError(f"sampling: unknown setting(s) {unknown}; SamplingParams takes {list(SAMPLING_SETTINGS)}")
         return SamplingParams(**value)
     raise InvalidInputError(f"sampling must be a SamplingParams or a mapping of its fields, got {type(value).__name__}")
 
@@ -100,7 +120,7 @@ class GenerationConfig:
         sampling_keys = {"temperature", "top_p", "top_k", "seed"}
         unknown = set(overrides) - sampling_keys - {"max_new_tokens", "stop", "stop_on_eos"}
         if unknown:
-            raise InvalidInputError(f"unknown generation settings {sorted(unknown)}")
+            raise InvalidOptionError(f"unknown generation settings {sorted(unknown)}; the settings are {list(SETTINGS)}")
         sampling = {k: v for k, v in overrides.items() if k in sampling_keys and v is not None}
         top = {k: v for k, v in overrides.items() if k not in sampling_keys and v is not None}
         if sampling:
@@ -134,6 +154,19 @@ def generation_config(config: GenerationConfig | None = None, **kwargs: Any) -> 
         )
     changed = {k: v for k, v in kwargs.items() if k in _DEFAULTS and not _same(v, _DEFAULTS[k])}
     return config.merge(**changed)
+
+
+def check_setting(name: str, value: object) -> Any:
+    """One generation setting checked by the very rule :class:`GenerationConfig` and
+    :class:`SamplingParams` apply to it (the same on every path: the pipeline's keywords, the engine, the
+    server, ``bastion run`` rows and options, the command lines, the Hugging Face drop-in). Returns the
+    value as the config holds it (``stop`` as a tuple, numpy numbers as Python ones); a bad value raises
+    :class:`InvalidInputError` naming the setting."""
+    if name in SAMPLING_SETTINGS:
+        return getattr(SamplingParams(**{name: value}), name)
+    if name in ("max_new_tokens", "stop", "stop_on_eos"):
+        return getattr(GenerationConfig(**{name: value}), name)
+    raise InvalidOptionError(f"unknown generation setting {name!r}; the settings are {list(SETTINGS)}")
 
 
 def _same(a: object, b: object) -> bool:

@@ -13,6 +13,7 @@ from attrs import frozen
 
 from bastion.core.errors import BastionError
 from bastion.core.types import GenerationResult
+from bastion.engine.params import derived_seed
 from bastion.run.encode import EncodedRow
 from bastion.run.inputs import RowError
 from bastion.run.journal import ResultRow, RowWriter, error_row, item_key, ok_row
@@ -57,7 +58,7 @@ def seed_runs(idx: list[int], rows: list[EncodedRow]) -> list[list[int]]:
         return [idx]
     runs: list[list[int]] = []
     for k in idx:
-        if runs and rows[k].decode.seed == rows[runs[-1][-1]].decode.seed + 1:
+        if runs and rows[k].decode.seed == derived_seed(rows[runs[-1][-1]].decode.seed, 1):  # as generate_batch derives them
             runs[-1].append(k)
         else:
             runs.append([k])

@@ -21,7 +21,9 @@ from typing import Any, Literal
 
 from attrs import field, frozen
 
+from bastion.core.chat import check_messages
 from bastion.core.errors import InvalidInputError
+from bastion.core.text import split_jsonl_lines as split_lines
 from bastion.run.settings import SETTING_KEYS, RowSettings, parse_settings
 
 __all__ = ["InputRow", "RowError", "ParsedInput", "bastion_row", "id_key", "check_messages", "split_lines"]
@@ -109,31 +111,6 @@ def _valid_id(value: Any) -> bool:
     return (isinstance(value, str) and value != "") or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def _content(content: Any) -> str | None:
-    """A message's text: a string, or OpenAI's list of ``{"type": "text", "text": ...}`` parts joined."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and content and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    return None
-
-
-def check_messages(messages: Any) -> tuple[dict[str, Any], ...]:
-    """``messages`` as a tuple of ``{"role": str, "content": str, ...}`` objects (text parts joined); a
-    malformed conversation raises :class:`InvalidInputError` saying which message is wrong."""
-    if not isinstance(messages, list) or not messages:
-        raise InvalidInputError("'messages' must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
-    out = []
-    for k, m in enumerate(messages):
-        text = _content(m.get("content")) if isinstance(m, dict) else None
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or text is None:
-            raise InvalidInputError(f"messages[{k}] must be an object with a string 'role' and a text 'content'")
-        out.append({**m, "content": text})
-    return tuple(out)
-
-
 def bastion_row(line: int, obj: dict[str, Any]) -> InputRow | RowError:
     rid = obj.get("id", line)
     if not _valid_id(rid):
@@ -154,10 +131,3 @@ def bastion_row(line: int, obj: dict[str, Any]) -> InputRow | RowError:
     return InputRow(line=line, id=rid, prompt=obj.get("prompt"), messages=messages, settings=settings)
 
 
-def split_lines(text: str) -> list[str]:
-    """The lines of JSON Lines ``text``: split at ``\\n`` only (``\\r\\n`` ends work too), never at the
-    other separators ``str.splitlines`` knows (U+2028, U+0085, ...), which JSON strings may hold raw."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines

@@ -157,6 +157,12 @@ class OutputLock:
     def acquire(self) -> None:
         from filelock import Timeout
 
+        # the lock file is created here first: filelock reports a folder it cannot create files in
+        # (read-only, missing, /proc) as a lock held by someone else
+        try:
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644))
+        except OSError as exc:
+            raise FileSystemError(f"{self.path}: cannot create the lock file beside the output: {exc.strerror or exc}") from None
         try:
             self._lock.acquire()
         except Timeout:

@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Literal, TypeVar
 
-from attrs import field, frozen, validators
+from attrs import field, frozen
 
-from bastion.core.checks import check_seed, positive_int
-from bastion.core.errors import BastionError, FileSystemError, InvalidFileError, InvalidInputError, InvalidRowsError
-from bastion.core.types import SamplingConfig
+from bastion.core.checks import positive_int
+from bastion.core.files import decode_utf8, read_text_file
+from bastion.core.errors import BastionError, InvalidInputError, InvalidRowsError
+from bastion.engine.params import check_setting
 from bastion.distributed import DistContext, barrier, broadcast_object, gather_objects
 from bastion.run.decode import Progress, RankStats, decode_work
 from bastion.run.encode import EncodedRow, encode_rows
@@ -44,8 +45,22 @@ OnError = Literal["stop", "skip"]
 T = TypeVar("T")
 
 
-def _seed(value: object) -> int:
-    return check_seed(value, name="--seed")
+def _setting(name: str) -> Callable[[object], Any]:
+    """attrs converter: the command line's ``--NAME`` checked by the rule every path applies
+    (:func:`bastion.engine.params.check_setting`), the error naming the option."""
+
+    def convert(value: object) -> Any:
+        try:
+            return check_setting(name, value)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"--{name.replace('_', '-')}: {exc}") from None
+
+    return convert
+
+
+def _on_error(_inst: object, _attr: object, value: object) -> None:
+    if value not in ("stop", "skip"):
+        raise InvalidInputError(f"--on-error must be 'stop' or 'skip', got {value!r}")
 
 
 @frozen
@@ -58,19 +73,16 @@ class RunConfig:
     input: str
     output: str
     batch_size: int = field(default=8, validator=positive_int)
-    max_new_tokens: int = field(default=128, validator=positive_int)  # rows without their own max_new_tokens
-    temperature: float = field(default=0.0, converter=float, validator=validators.ge(0.0))
-    seed: int = field(default=0, converter=_seed)
-    top_p: float = 1.0
-    top_k: int = 0
-    on_error: OnError = field(default="stop", validator=validators.in_(("stop", "skip")))
+    max_new_tokens: int = field(default=128, converter=_setting("max_new_tokens"))  # rows without their own max_new_tokens
+    temperature: float = field(default=0.0, converter=_setting("temperature"))
+    seed: int = field(default=0, converter=_setting("seed"))
+    top_p: float = field(default=1.0, converter=_setting("top_p"))
+    top_k: int = field(default=0, converter=_setting("top_k"))
+    on_error: OnError = field(default="stop", validator=_on_error)
     raw: bool = False  # feed ``prompt`` text without the chat template
     progress: bool = True
     overwrite: bool = False
     model: dict[str, Any] = field(factory=dict)
-
-    def __attrs_post_init__(self) -> None:
-        SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)  # the pipeline's rules
 
     @property
     def to_stdout(self) -> bool:
@@ -181,30 +193,25 @@ def _total(count: int, ctx: DistContext) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- input
+def _rows_error(errors: list[RowError]) -> InvalidRowsError:
+    """The error of a run stopped by bad input lines: its first line names the first bad line and why
+    (one bad line: that is all), the lines below list every one."""
+    first = errors[0].describe()
+    if len(errors) == 1:
+        return InvalidRowsError(f"{first} (--on-error skip writes it as an error row and goes on)", [])
+    return InvalidRowsError(
+        f"{len(errors)} input lines cannot be decoded (--on-error skip writes them as error rows and goes on); the first: {first}",
+        [e.describe() for e in errors],
+    )
+
+
 def _read_input(path: str) -> str:
     """The input's text; a missing, unreadable or non-UTF-8 file raises an error naming it."""
     if path == STDIO:
         stream = getattr(sys.stdin, "buffer", None)
         data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8")
-        where = "stdin"
-    else:
-        p = Path(path)
-        if not p.exists():
-            raise InvalidInputError(f"input file {path} does not exist")
-        if p.is_dir():
-            raise FileSystemError(f"input {path} is a directory; give a JSON Lines file")
-        try:
-            data = p.read_bytes()
-        except OSError as exc:
-            raise FileSystemError(f"input file {path}: cannot read it: {exc.strerror or exc}") from None
-        where = f"input file {path}"
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidFileError(
-            f"{where} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-            "bastion run reads JSON Lines"
-        ) from None
+        return decode_utf8(data, "stdin")
+    return read_text_file(path, "input file")
 
 
 def _positions(items: tuple[InputRow | RowError, ...]) -> dict[str, int]:
@@ -362,11 +369,7 @@ def _decode(
     items = encode_rows(parsed, pipe.tokenizer, max_positions=pipe.target.max_positions, defaults=config.defaults, raw=config.raw)
     errors = [i for i in items if isinstance(i, RowError)]
     if errors and config.on_error == "stop":
-        raise InvalidRowsError(
-            f"{len(errors)} input line{'s' if len(errors) > 1 else ''} cannot be decoded "
-            "(--on-error skip writes them as error rows and goes on):",
-            [e.describe() for e in errors],
-        )
+        raise _rows_error(errors)
     work: list[EncodedRow | RowError] = [items[positions[item_key(i)]] for i in todo]
     if config.to_stdout:
         writer = None if ctx.distributed else RowWriter(sys.stdout, fsync=False)

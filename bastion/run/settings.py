@@ -2,22 +2,19 @@
 
 A row may set ``max_new_tokens`` (or its OpenAI spellings ``max_tokens`` / ``max_completion_tokens``),
 ``temperature``, ``top_p``, ``top_k``, ``seed`` and ``stop``; what it leaves out comes from the command
-line (:class:`Decode` is the result). Each value is checked with the same rule as
-``Pipeline.generate`` (:class:`bastion.core.types.SamplingConfig`, :func:`bastion.core.checks.check_seed`,
-:func:`bastion.core.text.check_stop_strings`), and a bad value is reported with the field's name.
+line (:class:`Decode` is the result). Each value is checked by the one rule every path applies
+(:func:`bastion.engine.params.check_setting`, the rule of :class:`~bastion.GenerationConfig`), and a bad
+value is reported with the field's name.
 """
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Mapping
 
 from attrs import frozen
 
-from bastion.core.checks import check_seed
 from bastion.core.errors import InvalidInputError
-from bastion.core.text import check_stop_strings
-from bastion.core.types import SamplingConfig
+from bastion.engine.params import check_setting, derived_seed
 
 __all__ = ["RowSettings", "Decode", "SETTING_KEYS", "MAX_TOKENS_KEYS", "parse_settings", "resolve"]
 
@@ -72,26 +69,8 @@ class Decode:
         }
 
 
-def _max_new_tokens(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
-        raise InvalidInputError(f"must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def _checked(key: str, value: Any) -> Any:
-    if key in MAX_TOKENS_KEYS:
-        return _max_new_tokens(value)
-    if key == "temperature":
-        return SamplingConfig(temperature=value).temperature
-    if key == "top_p":
-        return SamplingConfig(top_p=value).top_p
-    if key == "top_k":
-        return SamplingConfig(top_k=value).top_k
-    if key == "seed":
-        return check_seed(value)
-    if not isinstance(value, (str, list)):
-        raise InvalidInputError(f"stop must be a string or a list of strings, got {value!r}")
-    return check_stop_strings(value)
+    return check_setting("max_new_tokens" if key in MAX_TOKENS_KEYS else key, value)
 
 
 def parse_settings(obj: Mapping[str, Any]) -> RowSettings:
@@ -113,9 +92,9 @@ def parse_settings(obj: Mapping[str, Any]) -> RowSettings:
 
 def resolve(settings: RowSettings, defaults: Decode, line: int) -> Decode:
     """The :class:`Decode` of a row on input line ``line``: its own settings over ``defaults`` (the
-    command line's), its seed its own or ``defaults.seed + line``. A seed past 2**64 - 1 raises
-    :class:`InvalidInputError`."""
-    seed = settings.seed if settings.seed is not None else check_seed(defaults.seed + line, name="--seed plus the input line")
+    command line's), its seed its own or ``defaults.seed + line`` modulo 2**64
+    (:func:`bastion.engine.params.derived_seed`, the rule of a batch's row seeds)."""
+    seed = settings.seed if settings.seed is not None else derived_seed(defaults.seed, line)
     return Decode(
         max_new_tokens=defaults.max_new_tokens if settings.max_new_tokens is None else settings.max_new_tokens,
         temperature=defaults.temperature if settings.temperature is None else settings.temperature,

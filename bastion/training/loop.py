@@ -16,13 +16,22 @@ __all__ = ["seed_everything", "lr_at", "save_checkpoint", "load_checkpoint", "re
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's and torch's generators; ``seed`` follows the rule of every seed (an int in
+    [0, 2**64), :func:`bastion.core.checks.check_seed`)."""
+    from bastion.core.checks import check_seed
+
+    seed = check_seed(seed, name="--seed")
     random.seed(seed)
     torch.manual_seed(seed)
 
 
 def set_threads(threads: int | None) -> None:
-    if threads:
-        torch.set_num_threads(int(threads))
+    """torch's CPU threads (``--threads``); None leaves torch's choice. Not an int >= 1 raises
+    :class:`~bastion.core.errors.InvalidInputError` naming ``--threads``."""
+    from bastion.core.checks import check_int
+
+    if threads is not None:
+        torch.set_num_threads(check_int("--threads", threads))
 
 
 def lr_at(step: int, *, peak: float, warmup: int, total: int, floor: float = 0.1) -> float:

@@ -13,7 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bastion.core.chat import check_messages
 from bastion.core.errors import InvalidInputError
+from bastion.core.files import read_text_file
+from bastion.core.text import split_jsonl_lines
 
 __all__ = ["USER_SOURCE", "read_user_prompts", "render_row"]
 
@@ -34,11 +37,11 @@ def render_row(row: Any, tokenizer: Any, where: str) -> str:
     if not isinstance(row, dict):
         raise InvalidInputError(f"{where}: each line must be a JSON object with 'prompt' or 'messages'")
     if "messages" in row:
-        msgs = row["messages"]
-        ok = isinstance(msgs, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in msgs)
-        if not ok or not msgs:
-            raise InvalidInputError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
-        msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in msgs]
+        try:
+            checked = check_messages(row["messages"])  # the rule of every path: no content of None, no empty turn
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"{where}: {exc}") from None
+        msgs = [{"role": m["role"], "content": m["content"]} for m in checked]
         while msgs and msgs[-1]["role"] == "assistant":
             msgs = msgs[:-1]
         if not msgs:
@@ -59,10 +62,9 @@ def render_row(row: Any, tokenizer: Any, where: str) -> str:
 def read_user_prompts(path: str | Path, tokenizer: Any, *, limit: int | None = None) -> list[tuple[str, str]]:
     """``(USER_SOURCE, rendered prompt)`` for every row of the JSONL file at ``path`` (first ``limit``)."""
     path = Path(path)
-    if not path.is_file():
-        raise InvalidInputError(f"prompt file not found: {path}")
+    text = read_text_file(path, "prompt file")
     out: list[tuple[str, str]] = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(split_jsonl_lines(text), start=1):
         if not line.strip():
             continue
         if limit is not None and len(out) >= limit:
