@@ -351,6 +351,7 @@ def setting_cases(w: World) -> list[Case]:
                 Case("api", f"chat {label}", lambda k=k: w.pipe.chat("Hello", **k), names=names),
                 Case("api", f"generate_batch {label}", lambda k=k: w.pipe.generate_batch([PROMPT, PROMPT[:3]], **k), names=names),
                 Case("api", f"GenerationConfig {label}", lambda k=k: _config(**k), names=names),
+                Case("api", f"stream_batch {label}", lambda k=k: list(w.pipe.stream_batch([PROMPT, PROMPT[:3]], **k)), names=names),
             ]
             if name != "stop":
                 cases.append(Case("api", f"decode_steps {label}", lambda k=k: _drain(w.pipe.decode_steps(PROMPT, **k)), names=names))
@@ -1014,6 +1015,13 @@ def file_cases(w: World) -> list[Case]:
         Case("files", "Pipeline max_nodes=100000 full (capped)",
              lambda: bastion.Pipeline(w.pipe.target, w.pipe.drafter, max_nodes=100_000, budget_controller="full").generate(PROMPT, 4),
              ok=w.greedy(PROMPT, 4)),
+        Case("files", "from_pretrained dtype='int8'", lambda: bastion.Pipeline.from_pretrained(w.pair.target, str(w.pair.drafter), dtype="int8"),
+             names=("dtype", "int8")),
+        Case("files", "from_pretrained device='gpu0'", lambda: bastion.Pipeline.from_pretrained(w.pair.target, str(w.pair.drafter), device="gpu0"),
+             names=("gpu0",)),
+        Case("files", "from_pretrained strict_verdicts='yes'",
+             lambda: bastion.Pipeline.from_pretrained(w.pair.target, str(w.pair.drafter), strict_verdicts="yes"), names=("strict_verdicts",)),
+        Case("files", "Pipeline max_nodes=True", lambda: bastion.Pipeline(w.pipe.target, w.pipe.drafter, max_nodes=True), names=("max_nodes",)),
         Case("files", "Pipeline tree_builder=5", lambda: bastion.Pipeline(w.pipe.target, w.pipe.drafter, tree_builder=5), names=("tree_builder",)),
     ]
     cases += training_cases(w)
@@ -1168,6 +1176,7 @@ def plugin_cases(w: World) -> list[Case]:
 
     import bastion
     from bastion.controllers.full import FullTreeController
+    from bastion.controllers.latency.roofline import RooflineLatency
     from bastion.core import Tree, Verdict
     from bastion.core.hookspecs import hookimpl
     from bastion.core.registry import Registry
@@ -1244,13 +1253,7 @@ def plugin_cases(w: World) -> list[Case]:
         def choose(self, log_scores, context_len, latency, overhead_s):  # type: ignore[no-untyped-def]
             return 0
 
-    class NaNLatency:
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
-
+    class NaNLatency(RooflineLatency):
         def predict_many(self, n_tokens, context_len):  # type: ignore[no-untyped-def]
             return torch.full(n_tokens.shape, float("nan"), dtype=torch.float64)
 
@@ -1265,15 +1268,15 @@ def plugin_cases(w: World) -> list[Case]:
 
     cases: list[Case] = []
     for label, make, names in [
-        ("builder declaring valid trees, wrong root", lambda: pipe(tree_builder=WrongRoot()), ("root", "WrongRoot")),
-        ("builder returning max_nodes + 20", lambda: pipe(tree_builder=Oversized()), ("max_nodes",)),
-        ("builder declaring valid trees, token out of vocabulary", lambda: pipe(tree_builder=OutOfVocab()), (str(vocab + 10),)),
+        ("builder declaring valid trees, wrong root", lambda: pipe(tree_builder=WrongRoot()), ("WrongRoot",)),
+        ("builder returning max_nodes + 20", lambda: pipe(tree_builder=Oversized()), ("Oversized",)),
+        ("builder declaring valid trees, token out of vocabulary", lambda: pipe(tree_builder=OutOfVocab()), ("OutOfVocab",)),
         ("builder raising IndexError", lambda: pipe(tree_builder=Broken()), ("Broken",)),
         ("verifier accepting the first child", lambda: pipe(verifier=FirstChild()), ("FirstChild",)),
         ("verifier with a wrong bonus", lambda: pipe(verifier=WrongBonus()), ("WrongBonus",)),
         ("drafter returning a list", lambda: pipe(drafter=WrongType(model, block_size=4)), ("WrongType",)),
         ("controller returning 0", lambda: pipe(budget_controller=ZeroController()), ("ZeroController",)),
-        ("latency model predicting NaN", lambda: pipe(budget_controller="bastion", latency_model=NaNLatency(w.pipe.latency_model)), ("NaNLatency",)),
+        ("latency model predicting NaN", lambda: pipe(budget_controller="bastion", latency_model=NaNLatency()), ("NaNLatency",)),
     ]:
         cases.append(Case("plugins", label, lambda m=make: single(m()), names=names))
         cases.append(Case("plugins", f"{label} (batch)", lambda m=make: batch(m()), names=names))

@@ -178,6 +178,23 @@ def test_a_plugin_hook_that_raises_is_a_plugin_error_naming_it_and_registers_not
         reg.register("tree_builder", "", BestFirstBuilder)
 
 
+def test_a_bad_tree_names_the_builder_that_built_it() -> None:
+    from bastion.core import Tree, TreeValidationError
+    from bastion.core.checks import check_built_tree
+    from bastion.trees.best_first import BestFirstBuilder
+
+    class PluginBuilder(BestFirstBuilder):
+        pass
+
+    tree = Tree.from_parents(torch.tensor([7, 3, 4]), [-1, 0, 1])
+    check_built_tree(tree, 7, 10, 8, builder=PluginBuilder())  # a good tree passes
+    for root, vocab, max_nodes, message in ((8, 10, 8, "root first"), (7, 10, 2, "max_nodes = 2"), (7, 4, 8, r"\[0, 4\)")):
+        with pytest.raises(TreeValidationError, match=r"tree_builder PluginBuilder\.build \(plugin runtime\) built an invalid tree: .*" + message):
+            check_built_tree(tree, root, vocab, max_nodes, builder=PluginBuilder())
+    with pytest.raises(TreeValidationError, match="^root first"):  # without a builder: the check alone
+        check_built_tree(tree, 8, 10, 8)
+
+
 # ------------------------------------------------------------------ token ids
 def test_check_token_ids_names_the_first_bad_id() -> None:
     assert check_token_ids([1, 2], 10) == [1, 2] and check_token_ids(torch.tensor([3]), 10) == [3]

@@ -351,14 +351,26 @@ def options_object(name: str, value: Any, cls: type) -> Any:
     raise InvalidInputError(f"{name} must be a bool, a mapping of {cls.__name__} options or a {cls.__name__}, got {value!r}")
 
 
-def check_built_tree(tree: Tree, root: int, vocab_size: int, max_nodes: int | None = None) -> None:
+def check_built_tree(tree: Tree, root: int, vocab_size: int, max_nodes: int | None = None, builder: object = None) -> None:
     """A tree builder's output for one step: a valid tree over the vocabulary, at most ``max_nodes``
-    nodes, rooted at ``root`` (:class:`TreeValidationError` otherwise)."""
-    tree.validate(vocab_size=vocab_size)
-    if max_nodes is not None and len(tree) > max_nodes:
-        raise TreeValidationError(f"the tree has {len(tree)} nodes; the step allows at most max_nodes = {max_nodes}")
-    if int(tree.tokens[0]) != root:
-        raise TreeValidationError(f"root first: node 0 holds token {int(tree.tokens[0])}, expected the root {root}")
+    nodes, rooted at ``root`` (:class:`TreeValidationError` otherwise). With ``builder`` (the component
+    that built it) the message names it: ``tree_builder WrongRoot.build (plugin ...) built an invalid
+    tree: ...``."""
+    try:
+        tree.validate(vocab_size=vocab_size)
+        if max_nodes is not None and len(tree) > max_nodes:
+            raise TreeValidationError(f"the tree has {len(tree)} nodes; the step allows at most max_nodes = {max_nodes}")
+        if int(tree.tokens[0]) != root:
+            raise TreeValidationError(f"root first: node 0 holds token {int(tree.tokens[0])}, expected the root {root}")
+    except TreeValidationError as exc:
+        if builder is None:
+            raise
+        from bastion.core.blame import plugin_of
+        from bastion.core.registry import registry
+
+        raise TreeValidationError(
+            f"tree_builder {type(builder).__name__}.build (plugin {plugin_of(builder, registry)}) built an invalid tree: {exc}"
+        ) from exc
 
 
 def check_decision(
