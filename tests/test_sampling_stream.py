@@ -156,13 +156,16 @@ class _JitteryLatency(LatencyModel):
 
 def test_adaptive_controller_with_timing_jitter_gives_the_same_seeded_tokens(monkeypatch):
     import bastion.engine.engine as engine_mod
+    import bastion.engine.observer as observer_mod
 
     ids = torch.tensor([PROMPT])
     outputs, budgets = set(), set()
     model = _model()
     for run in range(4):
         rng = random.Random(run)
-        monkeypatch.setattr(engine_mod, "time", _JitteryClock(rng))
+        clock = _JitteryClock(rng)
+        monkeypatch.setattr(engine_mod, "time", clock)
+        monkeypatch.setattr(observer_mod, "time", clock)
         pipe = bastion.Pipeline(HFTarget(model), NoisyOracleDrafter(model, block_size=4, noise=0.5),
                                 budget_controller="bastion", latency_model=_JitteryLatency(rng), max_nodes=12)
         res = pipe.generate(ids, max_new_tokens=24, temperature=1.0, seed=7, stop_on_eos=False)

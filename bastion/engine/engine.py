@@ -33,26 +33,17 @@ from bastion.core.blame import plugin_of
 from bastion.core.candidates import CandidateTree
 from bastion.core.checks import check_built_tree, check_decision, check_greedy_verdict, check_next_tokens, check_verdict
 from bastion.core.errors import BastionError, ComponentError, IncompatibleComponentsError, InvalidInputError
-from bastion.core.interfaces import BatchStepCosts
+from bastion.core.interfaces import BatchStepCosts, BudgetDecision
 from bastion.core.sampling import at_position, sample_tokens
-from bastion.core.running import RobustLevel
 from bastion.core.sync import device_sync, to_host
 from bastion.core.tree import Tree
-from bastion.core.types import DraftContext, DraftStep, Marginals, StageTimings, StepFeedback, StepRecord
+from bastion.core.types import DraftContext, DraftStep, Marginals, StepRecord, Verdict
 from bastion.engine.params import GenerationConfig
+from bastion.engine.observer import StageClock, StepObserver
 from bastion.engine.request import Request, StepSummary, StepUpdate
 
 
 __all__ = ["Engine"]
-
-#: during a run of plain steps, the verify times of steps 1, 2, 4, .. of the run and then one in this
-#: many go to the latency model (plain steps all time W = 1; each observation may trigger a refit)
-_PLAIN_LATENCY_EVERY = 64
-
-#: what a plain step hands the controller for "the verified tree": the root alone, accepted
-_ROOT_SCORES = torch.zeros(1)  # [1] log rho of the root
-_ROOT_PATH = torch.zeros(1, dtype=torch.long)  # [1] the accepted path: the root
-
 
 class Engine:
     """Continuous batched decoding over a :class:`~bastion.Pipeline`'s components (see the module doc);
@@ -96,8 +87,8 @@ class Engine:
         self._rows: list[Request] = []  # running requests, in batch-row order
         self._tb: TargetBatch | None = None
         self._drafts: DraftBatch | None = None
-        self._plain_steps = 0  # consecutive plain steps so far
-        self._per_token = RobustLevel()  # seconds per committed token of a row in a speculative step
+        #: timings -> what the latency model, the controller and the cost models learn, and the records
+        self.observer = StepObserver(pipe, self.drafts)
         self._sampling_key: object = None
         self.last_step: StepSummary | None = None
         self.steps = 0
@@ -402,96 +393,110 @@ class Engine:
         """One step for every running row -> (batch size, width, drafted, tokens committed)."""
         pipe = self.pipe
         assert self._tb is not None
-        t0 = time.perf_counter()
+        clock = StageClock(time.perf_counter())
         rows = self._rows
         ctxs = self._tb.context_lens
         limit = pipe.target.max_positions
         depths = [min(limit - ctx - 1, r.config.max_new_tokens - len(r.tokens) - 1) for r, ctx in zip(rows, ctxs)]
-        b = len(rows)
-        drafted = False
-        if self.drafts and any(d >= 1 for d in depths):
-            costs = pipe._batch_costs
-            controller = pipe.budget_controller
-            if b == 1:  # a batch of one is a single sequence: the controller's single-sequence question
-                stage.at("budget_controller", controller, "speculate")
-                drafted = bool(controller.speculate())
-            else:
-                stage.at("budget_controller", controller, "speculate_batch")
-                drafted = bool(
-                    controller.speculate_batch(ctxs, pipe.latency_model, BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b)))
-                )
+        drafted = self.drafts and any(d >= 1 for d in depths) and self._speculate(ctxs, stage)
+        clock.mark("controller")
         if drafted:
-            width, emitted = self._speculative(rows, ctxs, depths, t0, updates, stage)
+            width, emitted = self._speculative(rows, ctxs, depths, clock, updates, stage)
         else:
-            width, emitted = 1, self._plain(rows, ctxs, t0, updates, stage)
-        return b, width, drafted, emitted
+            width, emitted = 1, self._plain(rows, ctxs, clock, updates, stage)
+        return len(rows), width, drafted, emitted
 
-    def _plain(self, rows: list[Request], ctxs: list[int], t0: float, updates: list[StepUpdate], stage: "_Stage") -> int:
+    def _speculate(self, ctxs: list[int], stage: "_Stage") -> bool:
+        """The controller's answer to "does this step draft?" (a batch of one: a single sequence's)."""
+        pipe = self.pipe
+        controller = pipe.budget_controller
+        b = len(ctxs)
+        if b == 1:
+            stage.at("budget_controller", controller, "speculate")
+            return bool(controller.speculate())
+        costs = pipe._batch_costs
+        stage.at("budget_controller", controller, "speculate_batch")
+        return bool(controller.speculate_batch(ctxs, pipe.latency_model, BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b))))
+
+    def _plain(self, rows: list[Request], ctxs: list[int], clock: StageClock, updates: list[StepUpdate], stage: "_Stage") -> int:
         """The target alone: one forward over every row's root, each row's next token, and the drafter
         kept current from the features that forward produced; O(1) device work and host reads."""
         pipe = self.pipe
         tb = self._tb
         assert tb is not None
-        t1 = time.perf_counter()
         roots = [r.root for r in rows]
         stage.at("target", pipe.target, "forward_next")
         out = tb.forward_next(torch.tensor(roots), self._layers)  # logits [B, 1, V]
         tb.commit_next()
-        # row i's token sits at position ctx_i + 1 of its own seeded stream (a one-node tree's uniforms [1])
-        row_sampling = [r.rule if r.stream is None else at_position(r.rule, r.stream, ctx + 1, rows=1) for r, ctx in zip(rows, ctxs)]
-        stage.at("verifier", pipe.verifier, "next_tokens")
-        tokens = pipe.verifier.next_tokens(roots, out.logits[:, 0], row_sampling, [r.generator for r in rows])
-        tokens = check_next_tokens(tokens, len(rows), out.logits.shape[-1], pipe.verifier)
-        if getattr(pipe, "strict_verdicts", False) and any(r.stream is None for r in rows):
-            best = to_host(out.logits[:, 0].argmax(dim=-1), "strict greedy check")  # [B]
-            for r, tok, want in zip(rows, tokens, best):
-                if r.stream is None and tok != want:
-                    raise ComponentError(f"verifier {type(pipe.verifier).__name__}: next token {tok} is not the target's argmax {want}")
-        t2 = time.perf_counter()  # forward, commit and the read of its tokens
+        tokens = self._next_tokens(rows, ctxs, roots, out.logits[:, 0], stage)
+        clock.mark("verify")  # forward, commit and the read of its tokens
         if self._drafts is not None:
             stage.at("drafter", pipe.drafter, "commit_next")
             self._drafts.commit_next(torch.tensor(roots), None if out.features is None else out.features[:, 0])
-        t3 = time.perf_counter()
-        b = len(rows)
-        self._plain_steps += 1
-        if _observe_plain(self._plain_steps):
-            stage.at("latency_model", pipe.latency_model, "observe_batch")
-            pipe.latency_model.observe_batch(1, ctxs, t2 - t1)
-        overhead = (t1 - t0) + (t3 - t2)
-        if self.drafts:
-            stage.at("budget_controller", pipe.budget_controller, "observe")
-            pipe.budget_controller.observe(
-                StepFeedback(
-                    drafted=False, log_scores=_ROOT_SCORES, accepted_nodes=_ROOT_PATH, context_len=max(ctxs), verify_s=t2 - t1,
-                    overhead_s=overhead, batch_size=b,
-                )
-            )
-        timings = StageTimings(controller=t1 - t0, verify=t2 - t1, commit=t3 - t2)
-        emitted = 0
-        for request, tok, ctx in zip(rows, tokens, ctxs):
-            record = StepRecord(
-                budget=1, accepted=0, emitted=1, context_len=ctx, predicted_accept=1.0, predicted_speedup=None,
-                timings=timings, drafted=False, batch_size=b, width=1 if b > 1 else None,
-            )
-            emitted += self._commit_row(request, [tok], ctx + 1, record, updates)
-        pipe._batch_costs.plain.observe(b, overhead + (time.perf_counter() - t3))  # records included
+        clock.mark("commit")
+        records = self.observer.plain(ctxs, clock, stage)
+        emitted = sum(
+            self._commit_row(request, [tok], ctx + 1, record, updates) for request, tok, ctx, record in zip(rows, tokens, ctxs, records)
+        )
+        self.observer.plain_done(len(rows), clock)
         return emitted
 
-    def _speculative(
-        self, rows: list[Request], ctxs: list[int], depths: list[int], t0: float, updates: list[StepUpdate], stage: "_Stage"
-    ) -> tuple[int, int]:
-        """Draft every row, build each row's tree, one width for the batch, verify, accept, commit."""
+    def _next_tokens(self, rows: list[Request], ctxs: list[int], roots: list[int], logits: torch.Tensor, stage: "_Stage") -> list[int]:
+        """Each row's next token from the target's logits after its root [B, V] (the verifier's plain path;
+        with strict verdicts a greedy row's token is checked against the target's argmax)."""
         pipe = self.pipe
+        # row i's token sits at position ctx_i + 1 of its own seeded stream (a one-node tree's uniforms [1])
+        row_sampling = [r.rule if r.stream is None else at_position(r.rule, r.stream, ctx + 1, rows=1) for r, ctx in zip(rows, ctxs)]
+        stage.at("verifier", pipe.verifier, "next_tokens")
+        tokens = pipe.verifier.next_tokens(roots, logits, row_sampling, [r.generator for r in rows])
+        tokens = check_next_tokens(tokens, len(rows), logits.shape[-1], pipe.verifier)
+        if getattr(pipe, "strict_verdicts", False) and any(r.stream is None for r in rows):
+            best = to_host(logits.argmax(dim=-1), "strict greedy check")  # [B]
+            for r, tok, want in zip(rows, tokens, best):
+                if r.stream is None and tok != want:
+                    raise ComponentError(f"verifier {type(pipe.verifier).__name__}: next token {tok} is not the target's argmax {want}")
+        return tokens
+
+    def _speculative(
+        self, rows: list[Request], ctxs: list[int], depths: list[int], clock: StageClock, updates: list[StepUpdate], stage: "_Stage"
+    ) -> tuple[int, int]:
+        """draft -> build -> decide -> verify -> commit, for every row at once; one width for the batch."""
         tb, drafts = self._tb, self._drafts
         assert tb is not None and drafts is not None
+        proposals = self._draft(rows, ctxs, depths, stage)
+        clock.mark("draft")
+        stage.at("tree_builder", self.pipe.tree_builder, "build")
+        trees = [self._row_tree(p, r.root, d) for p, r, d in zip(proposals, rows, depths)]
+        clock.mark("tree")
+        scores = [t.log_scores_cpu() for t in trees]  # each row's log rho [n_i], from the builder's host copy
+        decision, width = self._decide(scores, trees, ctxs, stage)
+        trees = [t.truncate(min(width, len(t))) for t in trees]
+        clock.mark("controller")
+        stage.at("target", self.pipe.target, "forward_trees")
+        out = tb.forward_trees(trees, self._layers)  # logits [B, W, V], features [B, W, F] or None
+        clock.mark("verify")  # on an asynchronous device the verifier's host read below waits for the forward
+        verdicts = self._verify(rows, trees, ctxs, out.logits, stage)
+        clock.mark("accept")
+        self._commit(trees, verdicts, out.features, stage)
+        clock.mark("commit")  # no sync: the next step's first host read absorbs the queued commit work
+        records = self.observer.speculative(ctxs, trees, scores, verdicts, decision, clock, stage)
+        emitted = sum(
+            self._commit_row(request, list(verdict.emitted), ctx + len(verdict.accepted_nodes), record, updates)
+            for request, verdict, ctx, record in zip(rows, verdicts, ctxs, records)
+        )
+        self.observer.speculative_done(len(rows), emitted, clock)
+        return max(len(t) for t in trees), emitted
+
+    def _draft(self, rows: list[Request], ctxs: list[int], depths: list[int], stage: "_Stage") -> list[Marginals | CandidateTree]:
+        """Every row's proposal from one drafter call."""
+        pipe = self.pipe
         controller = pipe.budget_controller
-        costs = pipe._batch_costs
         b = len(rows)
-        t_draft = time.perf_counter()
-        other_s = costs.other(b)
-        per_token = self._per_token.value or None
+        other_s = pipe._batch_costs.other(b)
+        per_token = self.observer.per_token.value or None
+        assert self._drafts is not None
         stage.at("drafter", pipe.drafter, "propose")
-        proposals = drafts.propose(
+        return self._drafts.propose(
             [
                 DraftStep(
                     root_token=r.root, context_len=ctx, temperature=1.0 if r.stream is None else r.rule.temperature,
@@ -502,77 +507,56 @@ class Engine:
                 for r, ctx, d in zip(rows, ctxs, depths)
             ]
         )
-        t1 = time.perf_counter()
-        stage.at("tree_builder", pipe.tree_builder, "build")
-        trees = [self._row_tree(p, r.root, d) for p, r, d in zip(proposals, rows, depths)]
-        t2 = time.perf_counter()
-        scores = [t.log_scores_cpu() for t in trees]  # each row's log rho [n_i], from the builder's host copy
-        if b == 1:  # a single sequence: the tree size that maximizes its own speedup
+
+    def _decide(
+        self, scores: list[torch.Tensor], trees: list[Tree], ctxs: list[int], stage: "_Stage"
+    ) -> tuple[BudgetDecision, int]:
+        """The controller's decision and its checked size: a single sequence's tree size, or one width for
+        the batch (row i verifies its first ``min(W, n_i)`` nodes)."""
+        pipe = self.pipe
+        controller = pipe.budget_controller
+        costs = pipe._batch_costs
+        b = len(trees)
+        if b == 1:
             stage.at("budget_controller", controller, "decide")
-            decision = controller.decide(scores[0], ctxs[0], pipe.latency_model, other_s + costs.draft(b))
-            width = check_decision(controller, decision, len(trees[0]), error=ComponentError)
-        else:  # one width for the batch
-            stage.at("budget_controller", controller, "decide_width")
-            decision = controller.decide_width(scores, ctxs, pipe.latency_model, other_s, costs.draft(b))
-            width = check_decision(controller, decision, max(len(t) for t in trees), method="decide_width", error=ComponentError)
-        trees = [t.truncate(min(width, len(t))) for t in trees]
-        t3 = time.perf_counter()
-        stage.at("target", pipe.target, "forward_trees")
-        out = tb.forward_trees(trees, self._layers)
-        t4 = time.perf_counter()  # on an asynchronous device the verifier's host read below waits for the forward
+            decision = controller.decide(scores[0], ctxs[0], pipe.latency_model, costs.other(1) + costs.draft(1))
+            return decision, check_decision(controller, decision, len(trees[0]), error=ComponentError)
+        stage.at("budget_controller", controller, "decide_width")
+        decision = controller.decide_width(scores, ctxs, pipe.latency_model, costs.other(b), costs.draft(b))
+        return decision, check_decision(controller, decision, max(len(t) for t in trees), method="decide_width", error=ComponentError)
+
+    def _verify(self, rows: list[Request], trees: list[Tree], ctxs: list[int], logits: torch.Tensor, stage: "_Stage") -> list[Verdict]:
+        """Every row's checked verdict from the target's logits [B, W, V] (row i's nodes in ``[i, :n_i]``)."""
+        pipe = self.pipe
         row_sampling = [
             r.rule if r.stream is None else r.stream.for_tree(r.rule, ctx, tree.depths)  # node i: position ctx + d_i + 1
             for r, tree, ctx in zip(rows, trees, ctxs)
         ]
-        if b == 1:  # a single sequence's verdict
+        if len(rows) == 1:  # a single sequence's verdict
             stage.at("verifier", pipe.verifier, "verify")
-            verdicts = [pipe.verifier.verify(trees[0], out.logits[0, : len(trees[0])], row_sampling[0], rows[0].generator)]
+            verdicts = [pipe.verifier.verify(trees[0], logits[0, : len(trees[0])], row_sampling[0], rows[0].generator)]
         else:
             stage.at("verifier", pipe.verifier, "verify_batch")
-            verdicts = pipe.verifier.verify_batch(trees, out.logits, row_sampling, [r.generator for r in rows])
+            verdicts = pipe.verifier.verify_batch(trees, logits, row_sampling, [r.generator for r in rows])
         strict = getattr(pipe, "strict_verdicts", False)  # a verifier that is not bastion's own, or asked for
         for i, (verdict, tree, r) in enumerate(zip(verdicts, trees, rows)):
             check_verdict(verdict, tree, pipe.target.vocab_size, pipe.verifier)  # host checks: cheap, always on
             if strict and r.stream is None:
-                check_greedy_verdict(verdict, tree, out.logits[i, : len(tree)], pipe.verifier)
-        t5 = time.perf_counter()
+                check_greedy_verdict(verdict, tree, logits[i, : len(tree)], pipe.verifier)
+        return verdicts
+
+    def _commit(self, trees: list[Tree], verdicts: list[Verdict], features: torch.Tensor | None, stage: "_Stage") -> None:
+        """Keep every row's accepted path in the target's and the drafter's states."""
+        tb, drafts = self._tb, self._drafts
+        assert tb is not None and drafts is not None
         nodes = [v.accepted_nodes for v in verdicts]
-        stage.at("target", pipe.target, "commit")
+        stage.at("target", self.pipe.target, "commit")
         tb.commit(nodes)
-        feats = out.features
-        stage.at("drafter", pipe.drafter, "commit")
+        stage.at("drafter", self.pipe.drafter, "commit")
         drafts.commit(
             [tree.tokens[n.to(tree.device)] for tree, n in zip(trees, nodes)],
-            [None if feats is None else feats[i, n.to(feats.device)] for i, n in enumerate(nodes)],
+            [None if features is None else features[i, n.to(features.device)] for i, n in enumerate(nodes)],
         )
-        t6 = time.perf_counter()  # no sync: the next step's first host read absorbs the queued commit work
-        width = max(len(t) for t in trees)
-        self._plain_steps = 0
-        stage.at("latency_model", pipe.latency_model, "observe_batch")
-        pipe.latency_model.observe_batch(width, ctxs, t5 - t3)  # the forward and the read of its verdicts
-        non_verify = (t3 - t0) + (t6 - t5)
-        stage.at("budget_controller", controller, "observe")
-        for tree, row_scores, n, ctx in zip(trees, scores, nodes, ctxs):
-            controller.observe(
-                StepFeedback(
-                    drafted=True, log_scores=row_scores[:len(tree)], accepted_nodes=n, context_len=ctx, verify_s=t5 - t3,
-                    overhead_s=non_verify, batch_size=b,
-                )
-            )
-        timings = StageTimings(draft=t1 - t0, tree=t2 - t1, controller=t3 - t2, verify=t4 - t3, accept=t5 - t4, commit=t6 - t5)
-        emitted = 0
-        for request, tree, verdict, ctx in zip(rows, trees, verdicts, ctxs):
-            record = StepRecord(
-                budget=len(tree), accepted=verdict.num_accepted, emitted=verdict.num_accepted + 1, context_len=ctx,
-                predicted_accept=tree.accept_score(), predicted_speedup=decision.predicted_speedup, timings=timings,
-                calibrated_accept=decision.calibrated_accept, drafted=True, batch_size=b, width=width if b > 1 else None,
-            )
-            emitted += self._commit_row(request, list(verdict.emitted), ctx + len(verdict.accepted_nodes), record, updates)
-        costs.draft.observe(b, t2 - t_draft)
-        t7 = time.perf_counter()
-        costs.other.observe(b, (t_draft - t0) + (t3 - t2) + (t7 - t5))  # records included
-        self._per_token.observe((t7 - t0) * b / max(emitted, 1))
-        return width, emitted
 
     def _commit_row(self, request: Request, tokens: list[int], committed: int, record: StepRecord, updates: list[StepUpdate]) -> int:
         """Hand one row's step to its request (cuts, stop strings, records, callbacks)."""
@@ -628,11 +612,6 @@ class _Stage:
         err = ComponentError(f"{where} raised {type(exc).__name__}: {exc}")
         err.__cause__ = exc
         return err
-
-
-def _observe_plain(k: int) -> bool:
-    """Whether the ``k``-th plain step of a run (from 1) times the latency model."""
-    return k & (k - 1) == 0 or k % _PLAIN_LATENCY_EVERY == 0
 
 
 def _with_emitted(record: StepRecord, emitted: int) -> StepRecord:
