@@ -167,7 +167,9 @@ def start_transformers(target: str, device: str, env: dict[str, str]) -> Server 
         print("  [transformers] not installed: skipped", file=sys.stderr)
         return None
     port = _free_port()
-    cmd = [exe, "serve", target, "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), "--device", device]
+    # the same dtype bastion serve computes in: float32 on the CPU (no fast float16 there), else the checkpoint's
+    dtype = "float32" if device.startswith("cpu") else "auto"
+    cmd = [exe, "serve", target, "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), "--device", device, "--dtype", dtype]
     log = tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
