@@ -22,7 +22,7 @@ from bastion.core.batch_costs import BatchCosts
 from bastion.core.blame import blame
 from bastion.core.candidates import CandidateTree, check_pairing
 from bastion.core.chat import chat_ids, user_turn
-from bastion.core.checks import check_int, check_marginals, check_max_nodes, check_tokenizer
+from bastion.core.checks import check_int, check_marginals, check_max_nodes, check_token_ids, check_tokenizer
 from bastion.core.dtypes import parse_dtype
 from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError
 from bastion.core.interfaces import (
@@ -115,6 +115,9 @@ class Pipeline:
         self.budget_controller: BudgetController = resolve("budget_controller", budget_controller)
         self.latency_model: LatencyModel = resolve("latency_model", latency_model)
         self.verifier: Verifier = resolve("verifier", verifier)
+        for flag, value in (("validate_trees", validate_trees), ("strict_verdicts", strict_verdicts)):
+            if value is not None and not isinstance(value, bool):
+                raise InvalidInputError(f"{flag} must be True, False or None (the default: on for plugin components), got {value!r}")
         if validate_trees is None:  # built-in builders that guarantee valid trees declare it; check all others
             validate_trees = not (self.tree_builder.builds_valid_trees and _builtin(self.tree_builder))
         self.validate_trees = bool(validate_trees)
@@ -158,6 +161,7 @@ class Pipeline:
         attn_implementation: str = "sdpa",
         strict_verdicts: bool | None = None,
         device_map: Any = None,
+        validate_trees: bool | None = None,
         component_options: Mapping[str, Mapping[str, Any]] | None = None,
         registry: Registry | None = None,
         compile: Any = None,
@@ -207,6 +211,7 @@ class Pipeline:
             max_nodes=max_nodes,
             tokenizer=tokenizer,
             strict_verdicts=strict_verdicts,
+            validate_trees=validate_trees,
             component_options=opts,
             registry=reg,
         )
@@ -709,10 +714,13 @@ class Pipeline:
         return torch.tensor([chat_ids(self.tokenizer, messages)], dtype=torch.long)
 
     def decode(self, tokens: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Token ids -> text (special tokens such as end-of-turn markers left out unless asked for)."""
+        """Token ids -> text (special tokens such as end-of-turn markers left out unless asked for). Ids
+        outside the target's vocabulary, floats, bools and strings raise :class:`InvalidInputError` (a
+        tokenizer drops an unknown id silently)."""
         if self.tokenizer is None:
             raise InvalidInputError("this pipeline has no tokenizer")
-        return self.tokenizer.decode(list(tokens), skip_special_tokens=skip_special_tokens)
+        ids = check_token_ids(tokens, self.target.vocab_size)
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 class TextStream(Iterator[str]):

@@ -378,6 +378,7 @@ class Engine:
         self._tb.keep(keep)
         if self._drafts is not None:
             self._drafts.keep(keep)
+        self._begin_batch()  # the controller's state of the batch size running now (a batch of one: a sequence's)
 
     def _first_tokens(self, last_logits: torch.Tensor, batch: Sequence[Request]) -> list[int]:
         """Each newcomer's first token from its prompt's last logits [B, V] (the draw of position L)."""
@@ -577,7 +578,7 @@ class Engine:
         proposal = pipe._fit_proposal(proposal, root, max_depth)
         tree = pipe.tree_builder.build(proposal, root_token=root, max_nodes=pipe.max_nodes)
         if pipe.validate_trees:
-            check_built_tree(tree, root, pipe.target.vocab_size, pipe.max_nodes)
+            check_built_tree(tree, root, pipe.target.vocab_size, pipe.max_nodes, builder=pipe.tree_builder)
         return tree
 
 
