@@ -1,8 +1,8 @@
 """bastion: lossless, budget-aware tree speculative decoding for Hugging Face causal LMs."""
 
 from bastion import hf
-from bastion.core.pipeline import Pipeline
-from bastion.core.registry import registry
+from bastion.engine.pipeline import Pipeline
+from bastion.contract.registry import registry
 from bastion.engine import Engine, GenerationConfig, SamplingParams
 
 __version__ = "0.1.0"

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from attrs import field, frozen
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["DistContext", "env_ranks", "resolve_device", "setup", "teardown", "shard", "gather_objects", "broadcast_object", "barrier"]
 

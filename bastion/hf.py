@@ -41,8 +41,8 @@ from typing import Any, Mapping
 
 import torch
 
-from bastion.core.errors import InvalidInputError
-from bastion.core.registry import Registry, registry as default_registry
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.registry import Registry, registry as default_registry
 
 __all__ = ["SpeculativeGenerate", "speculative"]
 
@@ -120,7 +120,7 @@ class SpeculativeGenerate:
         """The bastion pipeline wrapped around ``model`` (built on first use, then reused)."""
         pipe = self._pipelines.get(model)
         if pipe is None:
-            from bastion.core.pipeline import Pipeline, _model_tokenizer, as_target, resolve_drafter
+            from bastion.engine.pipeline import Pipeline, _model_tokenizer, as_target, resolve_drafter
 
             target = as_target(model)
             opts = {k: dict(v) for k, v in self.component_options.items()}
@@ -290,7 +290,7 @@ def _plain_tail(
     draws), past the positions bastion's trees can use."""
     from transformers import DynamicCache, LogitsProcessorList
 
-    from bastion.core.hf_compat import cache_kwargs
+    from bastion.huggingface.compat import cache_kwargs
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     logits_processor = LogitsProcessorList()
@@ -343,7 +343,7 @@ def _sampling_dict(cfg: Any) -> dict[str, Any]:
 
 def _stop_list(value: Any) -> tuple[str, ...]:
     """``stop_strings=`` checked by the rule of every stop string (non-empty strings, one or a list)."""
-    from bastion.core.text import check_stop_strings
+    from bastion.utils.text import check_stop_strings
 
     try:
         return check_stop_strings(value)

@@ -29,7 +29,7 @@ def hf_direct(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> tup
     """Greedy decoding calling the HF model with its cache, timed from prefill to the last token."""
     from transformers import DynamicCache
 
-    from bastion.core.hf_compat import cache_kwargs
+    from bastion.huggingface.compat import cache_kwargs
 
     t0 = time.perf_counter()
     with torch.inference_mode():

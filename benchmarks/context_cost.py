@@ -19,7 +19,7 @@ import torch
 
 import bastion
 from bastion.controllers.latency.calibrate import measure_verify_curve
-from bastion.core.types import DraftContext, DraftStep
+from bastion.contract.types import DraftContext, DraftStep
 
 
 def draft_ms(pipe: bastion.Pipeline, context: int, steps: int) -> float:

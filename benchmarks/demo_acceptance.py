@@ -36,7 +36,7 @@ def main() -> int:
 
     from bastion import registry
     from bastion.bench.methods import ARDecoder
-    from bastion.core.pipeline import Pipeline
+    from bastion.engine.pipeline import Pipeline
     from bastion.demo import demo_paths
     from bastion.training.corpus import default_data_dir, heldout_prompts
 

@@ -60,7 +60,7 @@ def build_pair(shape: str, dtype: torch.dtype, device: str, seed: int = 0):  # t
     from transformers import AutoModelForCausalLM, Qwen3Config
 
     import bastion
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel, DFlashDrafter
 
     torch.manual_seed(seed)
@@ -84,7 +84,7 @@ def accepting_pipe(model: Any) -> Any:
     """The same target with a drafter that is right most of the time (noisy copies of the target's own
     greedy rollout): lossless checks then cover multi-token acceptance and commits, not only rejections."""
     import bastion
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.testing.drafters import NoisyOracleDrafter
 
     return bastion.Pipeline(target=HFTarget(model), drafter=NoisyOracleDrafter(model, block_size=8, noise=1.0),
@@ -177,7 +177,7 @@ def _warm_compiled(target: Any, sizes: list[int], context: int) -> dict[int, flo
     """Compile (and on CUDA capture) every size's graph: three forwards each, the first one's seconds
     (compile included) per size."""
     from bastion.controllers.latency.calibrate import probe_tree
-    from bastion.core.sync import device_sync
+    from bastion.utils.sync import device_sync
 
     gen = torch.Generator().manual_seed(1)
     target.prefill(torch.randint(3, target.vocab_size, (1, context), generator=gen))
@@ -201,7 +201,7 @@ def compiled_check(pipe: Any, model: Any, prompts: list[torch.Tensor], args: arg
     """Eager vs compiled verify latency at ``args.compile_sizes`` x ``args.contexts``, compile seconds per
     size, and lossless greedy decoding through the compiled path (whose buckets the controller uses)."""
     from bastion.controllers.latency.calibrate import measure_verify_curve
-    from bastion.core.compiled_verify import CompileOptions
+    from bastion.huggingface.compiled_verify import CompileOptions
 
     sizes = sorted(set(args.compile_sizes))
     target = pipe.target

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from bastion.core.types import DraftContext, DraftStep
+from bastion.contract.types import DraftContext, DraftStep
 from bastion.drafters.dflash import DFlashDrafter
 from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel
 

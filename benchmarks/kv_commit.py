@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from bastion.core.hf_target import HFTarget
-from bastion.core.tree import Tree
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.tree import Tree
 from bastion.testing.tiny import tiny_model
 
 

@@ -20,7 +20,7 @@ import torch
 
 from bastion.controllers.latency.calibrate import measure_verify_curve
 from bastion.controllers.latency.roofline import RooflineLatency
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192)
 CONTEXTS = (16, 64, 256, 700)

@@ -114,7 +114,7 @@ def _named(line: str, names: Sequence[str]) -> bool:
 
 
 def classify(case: Case) -> Outcome:
-    from bastion.core.errors import BastionError
+    from bastion.contract.errors import BastionError
 
     start, rss = time.perf_counter(), _peak_rss()
     try:
@@ -878,7 +878,7 @@ def file_cases(w: World) -> list[Case]:
     import torch
 
     import bastion
-    from bastion.core.registry import registry
+    from bastion.contract.registry import registry
 
     def load(target: Path, drafter: Path | None = None) -> Any:
         pipe = bastion.Pipeline.from_pretrained(target, str(drafter or w.pair.drafter))
@@ -1178,8 +1178,8 @@ def plugin_cases(w: World) -> list[Case]:
     from bastion.controllers.full import FullTreeController
     from bastion.controllers.latency.roofline import RooflineLatency
     from bastion.core import Tree, Verdict
-    from bastion.core.hookspecs import hookimpl
-    from bastion.core.registry import Registry
+    from bastion.contract.hookspecs import hookimpl
+    from bastion.contract.registry import Registry
     from bastion.testing.drafters import NoisyOracleDrafter
     from bastion.trees.best_first import BestFirstBuilder
     from bastion.verifiers.exact import ExactVerifier
@@ -1359,7 +1359,7 @@ def _broken_entry_point(w: World) -> bool:
     import importlib
     import warnings
 
-    from bastion.core.registry import Registry
+    from bastion.contract.registry import Registry
 
     site = w.tmp("site")
     (site / "broken_plugin_mod.py").write_text("raise ImportError('broken on purpose')\n")

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from bastion import Pipeline
-from bastion.core.folders import default_data_dir
+from bastion.utils.folders import default_data_dir
 from bastion.run import RunConfig, run_prompts
 from bastion.run.encode import prompt_ids
 

@@ -16,7 +16,7 @@ import time
 import torch
 
 import bastion
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_model
 

@@ -21,11 +21,11 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def shared_data():
     """The public data sets, found exactly as training and benchmarks find them
-    (:func:`bastion.core.folders.default_data_dir`: ``$BASTION_DATA_DIR``, else ``./data`` or
+    (:func:`bastion.utils.folders.default_data_dir`: ``$BASTION_DATA_DIR``, else ``./data`` or
     ``../shared/data``; the package's bundled copies do not count: they hold only a slice of the training
     sets). When ``BASTION_DATA_DIR`` is set (CI sets it) a missing folder FAILS the test; only an
     unconfigured local checkout without the data skips."""
-    from bastion.core.folders import DATA_DIR_ENV, default_data_dir, is_bundled
+    from bastion.utils.folders import DATA_DIR_ENV, default_data_dir, is_bundled
 
     found = default_data_dir()
     if (found / "gsm8k").is_dir() and not is_bundled(found):

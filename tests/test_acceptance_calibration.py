@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bastion.controllers import AcceptanceCalibrator, BastionController, RooflineLatency, RooflineParams, sampling_key
 from bastion.core import SamplingConfig, StepFeedback
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 from bastion.testing.tiny import tiny_config
 
 GREEDY = sampling_key(SamplingConfig())

@@ -11,7 +11,7 @@ import torch
 from bastion.bench.batch_sizes import run_batch_sweep, write_batch_report
 from bastion.bench.methods import ARDecoder
 from bastion.bench.runner import BenchConfig
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.reference import greedy_reference
 from bastion.testing.tiny import tiny_model

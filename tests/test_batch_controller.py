@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 import bastion
 from bastion.controllers.budget import BastionController, FixedController
 from bastion.controllers.latency.roofline import RooflineLatency
-from bastion.core.hf_target import HFTarget
-from bastion.core.batch_costs import CostBySize
-from bastion.core.interfaces import BatchStepCosts, LatencyModel
-from bastion.core.types import SamplingConfig
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.engine.costs import CostBySize
+from bastion.contract.interfaces import BatchStepCosts, LatencyModel
+from bastion.contract.types import SamplingConfig
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_config, tiny_model
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import bastion
-from bastion.core.hf_target import HFTarget
-from bastion.core.types import DraftContext, DraftStep
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.types import DraftContext, DraftStep
 from bastion.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashDraftModel
 from bastion.testing.tiny import tiny_model
 

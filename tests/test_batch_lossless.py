@@ -10,11 +10,11 @@ import torch
 
 import bastion
 from bastion.controllers.budget import BastionController
-from bastion.core.errors import InvalidInputError
-from bastion.core.hf_batch import HFTargetBatch
-from bastion.core.hf_target import HFTarget
-from bastion.core.interfaces import Verifier
-from bastion.core.target import Target
+from bastion.contract.errors import InvalidInputError
+from bastion.huggingface.batched import HFTargetBatch
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.interfaces import Verifier
+from bastion.contract.target import Target
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_model
 from bastion.verifiers.exact import ExactVerifier

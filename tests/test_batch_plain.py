@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 
 import bastion
 from bastion.controllers.budget import BastionController
-from bastion.core.hf_batch import HFTargetBatch
-from bastion.core.hf_target import HFTarget
-from bastion.core.interfaces import Verifier
-from bastion.core.sampling import PositionalStream
-from bastion.core.sync import count_syncs
-from bastion.core.tree import Tree
-from bastion.core.types import SamplingConfig
+from bastion.huggingface.batched import HFTargetBatch
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.interfaces import Verifier
+from bastion.contract.sampling import PositionalStream
+from bastion.utils.sync import count_syncs
+from bastion.contract.tree import Tree
+from bastion.contract.types import SamplingConfig
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_model
 from bastion.verifiers.exact import ExactVerifier
@@ -152,7 +152,7 @@ def test_forward_next_equals_a_one_node_tree_step_and_commit_next_keeps_each_row
 
 
 def test_commit_next_without_a_pending_plain_forward_is_refused():
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
 
     state = HFTargetBatch(HFTarget(_model()))
     state.prefill([torch.tensor(p) for p in _prompts(2)])

@@ -9,8 +9,8 @@ from test_pipeline_sampling import PROMPT, VOCAB, _exact_distributions, _model
 
 import bastion
 from bastion.core import SamplingConfig
-from bastion.core.hf_target import HFTarget
-from bastion.core.sampling import processed_log_probs
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.sampling import processed_log_probs
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.stats import assert_fits
 

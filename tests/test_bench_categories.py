@@ -32,7 +32,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def run(data_dir: Path):
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.testing.drafters import NoisyOracleDrafter
     from bastion.testing.tiny import tiny_model
 

@@ -11,7 +11,7 @@ import pytest
 from bastion.bench.contention import Contention, ContentionSpec, parse_contention
 from bastion.bench.metrics import MethodStats
 from bastion.bench.scenario import parse_scenario, phase_table, scenario_prompts, scenario_rows
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 
 def test_contention_specs_parse_and_bad_ones_are_refused_naming_the_format():

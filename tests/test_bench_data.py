@@ -16,7 +16,7 @@ from bastion.bench.datasets import (
     parse_dataset_spec,
 )
 from bastion.bench.templates import TEMPLATES, byte_encode, encode_prompt, render_prompt
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 
 

@@ -17,7 +17,7 @@ from bastion.distributed import DistContext
 
 @pytest.fixture(scope="module")
 def pair():
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.testing.drafters import NoisyOracleDrafter
     from bastion.testing.tiny import tiny_model
 

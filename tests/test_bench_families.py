@@ -12,7 +12,7 @@ from bastion.bench.families import families_table, family_methods, family_summar
 from bastion.bench.methods import parse_method
 from bastion.bench.reporting import markdown_report
 from bastion.bench.runner import BenchConfig, run_bench
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 ACCEPTS = {"chain": frozenset({"marginals", "candidate_tree"}), "best-first": frozenset({"marginals", "candidate_tree"}),
            "static": frozenset({"marginals"})}
@@ -42,7 +42,7 @@ def test_family_suffixes_parse_into_the_method_and_its_drafter():
 
 @pytest.fixture(scope="module")
 def family_run(tmp_path_factory: pytest.TempPathFactory):
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.drafters.model import ModelDrafter
     from bastion.testing.drafters import NoisyOracleDrafter
     from bastion.testing.tiny import tiny_model

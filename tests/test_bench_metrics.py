@@ -19,7 +19,7 @@ from bastion.bench.metrics import (
     summarize,
     sweep_budget,
 )
-from bastion.core.types import GenerationResult, StageTimings, StepRecord
+from bastion.contract.types import GenerationResult, StageTimings, StepRecord
 
 
 def _result(accepted: list[int], budget: int | list[int], wall: float, tokens: list[int] | None = None,

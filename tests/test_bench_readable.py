@@ -18,7 +18,7 @@ TREE_OPTIONS = {"static": {"branching": [2, 2, 1]}}
 
 @pytest.fixture(scope="module")
 def pair():
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.testing.drafters import NoisyOracleDrafter
     from bastion.testing.tiny import tiny_model
 

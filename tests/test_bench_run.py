@@ -16,7 +16,7 @@ from bastion.bench.methods import ARDecoder, build_decoder, parse_method
 from bastion.bench.metrics import ALL_DATASETS, sweep_budget
 from bastion.bench.reporting import markdown_report, write_report
 from bastion.bench.runner import BenchConfig, run_bench
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 METHODS = ("ar", "chain", "static", "best-first@4", "best-first@8", "bastion")
 TREE_OPTIONS = {"static": {"branching": [2, 2, 1]}}
@@ -24,7 +24,7 @@ TREE_OPTIONS = {"static": {"branching": [2, 2, 1]}}
 
 @pytest.fixture(scope="module")
 def pair():
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.testing.drafters import NoisyOracleDrafter
     from bastion.testing.tiny import tiny_model
 
@@ -272,7 +272,7 @@ def test_quick_flag_sets_a_short_run_and_explicit_flags_override_it() -> None:
 
 
 def test_repeats_run_whole_rounds_and_keep_each_methods_fastest_run(pair, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bastion.core.types import GenerationResult
+    from bastion.contract.types import GenerationResult
 
     walls = {"ar": iter([0.9, 0.5, 0.7] * 2), "chain": iter([0.3, 0.4, 0.2] * 2)}
     order: list[str] = []

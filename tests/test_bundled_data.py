@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bastion.bench.datasets import FORMATS, load_dataset, read_records
-from bastion.core.folders import DATA_DIR_ENV, bundled_data_dir, data_file, default_data_dir, is_bundled
+from bastion.utils.folders import DATA_DIR_ENV, bundled_data_dir, data_file, default_data_dir, is_bundled
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = bundled_data_dir()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bastion.controllers.latency.profiles import read_profiles, save_profile
-from bastion.core.files import CacheWarning
+from bastion.utils.files import CacheWarning
 
 PROCESSES, THREADS, PER_THREAD = 3, 4, 10
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError
+from bastion.contract.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError
 from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel
 from bastion.drafters.dflash.checkpoint import load_dflash_state_dict
 

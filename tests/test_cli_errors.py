@@ -59,7 +59,7 @@ def test_generate_warns_when_the_position_limit_cut_the_output(monkeypatch, caps
 
     import bastion
     import bastion.cli.generate_cmd as gen
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.testing.drafters import NoisyOracleDrafter
     from bastion.testing.tiny import tiny_model
 

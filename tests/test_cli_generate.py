@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 import bastion
-import bastion.core.pipeline as pipeline_module
+import bastion.engine.pipeline as pipeline_module
 from bastion.cli.main import main
-from bastion.core.registry import Registry
+from bastion.contract.registry import Registry
 
 PROMPT = "What is 2+3?"
 
 #: a plugin with a budget controller that takes an option and a tree builder (a chain under a new name)
 TEST_PLUGIN = '''
-from bastion.core.hookspecs import hookimpl
-from bastion.core.interfaces import BudgetController
+from bastion.contract.hookspecs import hookimpl
+from bastion.contract.interfaces import BudgetController
 from bastion.trees.chain import ChainBuilder
 
 CHOSEN = []

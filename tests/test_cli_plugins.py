@@ -11,8 +11,8 @@ import pytest
 
 import bastion
 from bastion.cli.main import COMMAND_MODULES, build_parser, main
-from bastion.core.hookspecs import KINDS
-from bastion.core.registry import BLOCK_ENV, BUILTIN_SOURCE, Registry
+from bastion.contract.hookspecs import KINDS
+from bastion.contract.registry import BLOCK_ENV, BUILTIN_SOURCE, Registry
 
 BROKEN = 'raise RuntimeError("boom at import")\n'
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import bastion
-from bastion.core.compiled_verify import CompileOptions, SlotLayer, compile_options
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.core.hf_target import HFTarget
-from bastion.core.tree import Tree
+from bastion.huggingface.compiled_verify import CompileOptions, SlotLayer, compile_options
+from bastion.contract.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.tree import Tree
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_model
 
@@ -134,7 +134,7 @@ def test_bad_compile_options_raise_the_projects_input_error() -> None:
 
 
 def test_compiled_path_refuses_a_target_with_sliding_window_layers() -> None:
-    from bastion.core.compiled_verify import StaticVerify
+    from bastion.huggingface.compiled_verify import StaticVerify
 
     model = _model("qwen3")
     cfg = model.config

@@ -14,8 +14,8 @@ import torch
 
 import bastion
 from bastion.core import BastionError, ComponentError, TreeValidationError, Tree, Verdict
-from bastion.core.hf_target import HFTarget
-from bastion.core.registry import Registry
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.registry import Registry
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.reference import greedy_reference
 from bastion.trees.best_first import BestFirstBuilder
@@ -142,7 +142,7 @@ def test_an_exception_inside_a_plugin_component_is_a_bastion_error_naming_it(bat
 
 
 def test_a_plugin_whose_hook_raises_after_one_register_keeps_nothing_registered():
-    from bastion.core.hookspecs import hookimpl
+    from bastion.contract.hookspecs import hookimpl
 
     plugin = types.ModuleType("half_plugin")
 

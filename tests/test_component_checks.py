@@ -12,7 +12,7 @@ import torch
 
 import bastion
 from bastion.core import ComponentError, IncompatibleComponentsError, LatencyModel, Marginals, Tree, Verdict
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.reference import greedy_reference
 from bastion.testing.tiny import tiny_model
@@ -149,8 +149,8 @@ def test_bad_latency_predictions_raise_component_error_naming_the_model(value, c
 
 
 def test_check_verdict_accepts_every_exact_verdict_on_random_trees():
-    from bastion.core.checks import check_verdict
-    from bastion.core.types import SamplingConfig
+    from bastion.utils.checks import check_verdict
+    from bastion.contract.types import SamplingConfig
 
     g = torch.Generator().manual_seed(0)
     builder = bastion.registry.create("tree_builder", "best-first")

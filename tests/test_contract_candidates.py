@@ -10,7 +10,7 @@ import torch
 
 import bastion
 from bastion.core import CandidateTree, DraftContext, DraftStep, Drafter, InvalidInputError, Tree, TreeBuilder
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.testing import check_drafter, check_tree_builder
 from bastion.testing.reference import greedy_reference
 from bastion.testing.tiny import tiny_model

@@ -24,7 +24,7 @@ from bastion.core import (
     Verdict,
     Verifier,
 )
-from bastion.core.sampling import sample_tokens
+from bastion.contract.sampling import sample_tokens
 from bastion.testing import (
     FixedLatencyModel,
     check_budget_controller,
@@ -466,7 +466,7 @@ def test_check_verifier_rejects_each_broken_verifier_with_a_clear_message(verifi
 
 
 def test_check_component_creates_through_the_registry_and_names_missing_components():
-    reg = bastion.core.registry.Registry(builtin_plugins=(), load_entry_points=False)
+    reg = bastion.contract.registry.Registry(builtin_plugins=(), load_entry_points=False)
     reg.register("tree_builder", "ref-best-first", BestFirst, source="tests")
     built = check_component("tree_builder", "ref-best-first", registry=reg, best_first=True)
     assert isinstance(built, BestFirst)
@@ -484,7 +484,7 @@ def _roofline_setup(_tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
 
 
 def _dflash_setup(tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel
     from bastion.testing.tiny import tiny_model
 
@@ -496,7 +496,7 @@ def _dflash_setup(tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
 
 
 def _model_setup(tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.testing.tiny import save_tiny_target, tiny_model
 
     directory = save_tiny_target(tmp.mktemp("ar-draft"), "qwen3", seed=4, num_hidden_layers=1)
@@ -504,7 +504,7 @@ def _model_setup(tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
 
 
 def _eagle3_setup(tmp: pytest.TempPathFactory) -> tuple[dict, dict]:
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.drafters.eagle3 import Eagle3Config, Eagle3DraftModel
     from bastion.testing.tiny import tiny_model
 

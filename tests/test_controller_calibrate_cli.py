@@ -42,7 +42,7 @@ def test_calibrate_rejects_bad_size_lists(capsys):
 
 def test_calibration_points_keep_the_requested_context_as_their_series(tiny_qwen3_dir):
     from bastion.controllers.latency.calibrate import calibrate
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
 
     result = calibrate(HFTarget.from_pretrained(tiny_qwen3_dir), sizes=(1, 4, 16), context_lens=(8, 32), repeats=1, warmup=0)
     series = [p.series for p in result.points]

@@ -9,7 +9,7 @@ import torch
 from bastion import Pipeline
 from bastion.controllers import BastionController, RooflineLatency, RooflineParams
 from bastion.core import DraftContext, Drafter, DraftStep, Marginals
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.testing.reference import greedy_reference
 from bastion.testing.tiny import tiny_model
 

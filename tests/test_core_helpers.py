@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from bastion.cli.parsing import csv_list, int_list, parse_int_list, positive_int_list
-from bastion.core.chat import chat_ids, chat_text, has_chat_template, user_turn
-from bastion.core.checks import check_int, check_number, positive_int
-from bastion.core.dtypes import dtype_bytes, dtype_name, parse_dtype
-from bastion.core.errors import InvalidInputError
-from bastion.core.files import atomic_path, write_json_atomic
-from bastion.core.hf_config import DecoderShape, config_dict, config_value
-from bastion.core.sampling import seeded_generator
+from bastion.utils.chat import chat_ids, chat_text, has_chat_template, user_turn
+from bastion.utils.checks import check_int, check_number, positive_int
+from bastion.utils.dtypes import dtype_bytes, dtype_name, parse_dtype
+from bastion.contract.errors import InvalidInputError
+from bastion.utils.files import atomic_path, write_json_atomic
+from bastion.huggingface.configs import DecoderShape, config_dict, config_value
+from bastion.contract.sampling import seeded_generator
 from bastion.testing.tiny import tiny_config
 
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import bastion
-from bastion.core.dtypes import auto_dtype
-from bastion.core.hf_config import DecoderShape, config_dtype
-from bastion.core.hf_target import HFTarget
+from bastion.utils.dtypes import auto_dtype
+from bastion.huggingface.configs import DecoderShape, config_dtype
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.demo import demo_paths
 from bastion.training.frozen import load_frozen_target
 
@@ -98,7 +98,7 @@ def test_loading_the_demo_pair_never_reads_the_deprecated_torch_dtype_field(monk
 def test_calibrate_loads_the_target_as_pipelines_do_dtype_auto_by_default(monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], expected: torch.dtype) -> None:
     import bastion.controllers.latency.calibrate as cal
     from bastion.cli.main import main
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
 
     seen: list[torch.dtype] = []
 
@@ -113,7 +113,7 @@ def test_calibrate_loads_the_target_as_pipelines_do_dtype_auto_by_default(monkey
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_the_python_api_says_device_cpu_in_python() -> None:
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
 
     with pytest.raises(InvalidInputError, match='use device="cpu"') as info:
         HFTarget.from_pretrained(demo_paths().target, device="cuda")

@@ -17,7 +17,7 @@ PROMPT = "Sara has 5 boxes with 12 pencils in each box. She gives away 17 pencil
 @pytest.fixture(scope="module")
 def ar_pipe():
     from bastion import registry
-    from bastion.core.pipeline import Pipeline
+    from bastion.engine.pipeline import Pipeline
 
     return Pipeline.demo(drafter="model", budget_controller=registry.create("budget_controller", "fixed", budget=16), max_nodes=16)
 

@@ -10,8 +10,8 @@ import torch
 
 from bastion import Pipeline
 from bastion.cli.main import main
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.core.hf_target import single_device
+from bastion.contract.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.huggingface.causal_lm import single_device
 from bastion.testing.tiny import TinyPair, save_tiny_pair
 
 HAS_ACCELERATE = importlib.util.find_spec("accelerate") is not None

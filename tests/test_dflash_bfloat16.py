@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import bastion
-from bastion.core.dtypes import fast_bfloat16
-from bastion.core.hf_target import HFTarget
-from bastion.core.types import DraftContext, DraftStep
+from bastion.utils.dtypes import fast_bfloat16
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.types import DraftContext, DraftStep
 from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel, DFlashDrafter
 from bastion.drafters.dflash.drafter import head_in_dtype
 from bastion.testing.tiny import tiny_model

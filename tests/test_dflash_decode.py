@@ -119,7 +119,7 @@ def test_the_gathered_weights_are_reused_until_a_weight_changes_and_follow_every
 
 
 def test_fresh_context_of_the_wrong_width_is_refused_naming_both_widths() -> None:
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
 
     model = _model()
     feats = torch.randn(1, 6, model.config.feature_size)

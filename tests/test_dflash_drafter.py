@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import bastion
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.core.hf_target import HFTarget
-from bastion.core.pipeline import Pipeline
-from bastion.core.types import DraftContext, DraftStep
+from bastion.contract.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.engine.pipeline import Pipeline
+from bastion.contract.types import DraftContext, DraftStep
 from bastion.drafters.dflash import DFlashDrafter
 from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel
 from bastion.testing.contract import FixedLatencyModel, check_drafter

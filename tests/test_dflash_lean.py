@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bastion.core.hf_target import HFTarget
-from bastion.core.types import DraftContext, DraftStep
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.types import DraftContext, DraftStep
 from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel, DFlashDrafter
 from bastion.drafters.dflash.ops import grouped_attention as _grouped_attention
 from bastion.testing.tiny import tiny_model

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.contract.errors import IncompatibleComponentsError, InvalidInputError
 from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel, default_target_layer_ids
 from bastion.training.blocks import make_training_blocks
 

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 from bastion.distributed import DistContext, env_ranks, gather_objects, resolve_device, setup, shard, teardown
 
 

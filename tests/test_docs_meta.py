@@ -11,7 +11,7 @@ import yaml
 
 import bastion.core
 import bastion.testing
-from bastion.core import hookspecs
+from bastion.contract import hookspecs
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -14,8 +14,8 @@ import bastion
 from bastion.bench.families import families_table, family_methods, family_summaries, own_tree
 from bastion.bench.methods import build_decoder, parse_method
 from bastion.bench.runner import BenchConfig, run_bench
-from bastion.core.errors import InvalidInputError
-from bastion.core.hf_target import HFTarget
+from bastion.contract.errors import InvalidInputError
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.drafters.eagle3 import Eagle3Drafter
 
 ACCEPTS = {"chain": frozenset({"marginals", "candidate_tree"}), "best-first": frozenset({"marginals", "candidate_tree"}),

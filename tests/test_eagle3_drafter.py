@@ -14,8 +14,8 @@ import torch
 
 import bastion
 from bastion.core import CandidateTree, DraftContext, DraftStep, IncompatibleComponentsError, InvalidInputError
-from bastion.core.errors import InvalidFileError
-from bastion.core.hf_target import HFTarget
+from bastion.contract.errors import InvalidFileError
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.drafters.eagle3 import Eagle3Config, Eagle3DraftModel, Eagle3Drafter, default_feature_layers
 from bastion.drafters.eagle3.model import Eagle3KV
 from bastion.testing import check_drafter

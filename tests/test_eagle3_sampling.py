@@ -9,7 +9,7 @@ from test_pipeline_sampling import PROMPT, VOCAB, _exact_distributions, _model
 
 import bastion
 from bastion.core import SamplingConfig
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3DraftModel
 from bastion.testing.stats import assert_fits
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import bastion
-from bastion.core.errors import BastionError, ComponentError, InvalidInputError
-from bastion.core.hf_target import HFTarget
+from bastion.contract.errors import BastionError, ComponentError, InvalidInputError
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.engine import Engine, GenerationConfig, SamplingParams
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_model

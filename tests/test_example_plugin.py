@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import bastion
-from bastion.core.registry import ENTRY_POINT_GROUP, Registry
+from bastion.contract.registry import ENTRY_POINT_GROUP, Registry
 from bastion.testing import check_component
 from bastion.testing.reference import greedy_reference
 

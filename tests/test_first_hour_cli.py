@@ -55,7 +55,7 @@ def restore_logging():
     for n, level in levels.items():
         logging.getLogger(n).setLevel(level)
     warnings.filters[:] = filters
-    from bastion.core.logs import configure_logging, request_level
+    from bastion.utils.logs import configure_logging, request_level
 
     request_level(None)
     configure_logging()  # the quiet default, as every command starts
@@ -71,7 +71,7 @@ def test_log_level_is_a_global_option_before_or_after_the_command():
 
 
 def test_log_level_routes_python_warnings_and_bastion_logs_through_logging(capsys, restore_logging):
-    from bastion.core.logs import configure_logging
+    from bastion.utils.logs import configure_logging
 
     configure_logging("warning")
     warnings.warn("a library warning", UserWarning)
@@ -98,8 +98,8 @@ def test_quiet_by_default_and_log_level_info_shows_weight_loading(capfd, restore
 
 
 def test_an_unknown_log_level_in_python_is_a_bastion_error():
-    from bastion.core.errors import BastionError
-    from bastion.core.logs import configure_logging
+    from bastion.contract.errors import BastionError
+    from bastion.utils.logs import configure_logging
 
     with pytest.raises(BastionError, match="debug, info, warning, error"):
         configure_logging("loud")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bastion.cli.main import main
-from bastion.core.errors import BastionError
+from bastion.contract.errors import BastionError
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]

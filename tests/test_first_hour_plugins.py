@@ -13,14 +13,14 @@ import pytest
 
 import bastion
 from bastion.cli.main import main
-from bastion.core.errors import PluginLoadError
-from bastion.core.registry import PluginLoadWarning, Registry
+from bastion.contract.errors import PluginLoadError
+from bastion.contract.registry import PluginLoadWarning, Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "plugins" / "bastion-example-drafter"
 
 FIRST = """
-from bastion.core.hookspecs import hookimpl
+from bastion.contract.hookspecs import hookimpl
 
 @hookimpl
 def bastion_register_components(register):
@@ -28,7 +28,7 @@ def bastion_register_components(register):
 """
 
 SECOND = """
-from bastion.core.hookspecs import hookimpl
+from bastion.contract.hookspecs import hookimpl
 
 @hookimpl
 def bastion_register_components(register):
@@ -38,7 +38,7 @@ def bastion_register_components(register):
 """
 
 TYPOS = """
-from bastion.core.hookspecs import hookimpl
+from bastion.contract.hookspecs import hookimpl
 
 @hookimpl
 def bastion_register_components(register):

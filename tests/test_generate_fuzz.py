@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bastion
-from bastion.core.errors import BastionError
-from bastion.core.hf_target import HFTarget
+from bastion.contract.errors import BastionError
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.reference import greedy_reference, sampling_reference
 from bastion.testing.tiny import tiny_model

@@ -14,8 +14,8 @@ import torch
 from transformers import LlamaForCausalLM, Qwen3ForCausalLM
 
 import bastion
-from bastion.core.hf_compat import cache_kwarg
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.compat import cache_kwarg
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.drafters.model import ModelDrafter
 from bastion.testing.tiny import tiny_model
 

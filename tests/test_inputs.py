@@ -9,7 +9,7 @@ import torch
 
 import bastion
 from bastion.core import InvalidInputError
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_model
 

@@ -7,9 +7,9 @@ import random
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from bastion.core.hf_target import HFTarget
-from bastion.core.kv_slab import SlabLayer
-from bastion.core.tree import Tree
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.huggingface.kv_slab import SlabLayer
+from bastion.contract.tree import Tree
 from bastion.testing.tiny import tiny_model
 
 

@@ -31,7 +31,7 @@ def test_cost_counts_match_what_a_real_forward_does(arch):
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import DynamicCache
 
-    from bastion.core.hf_compat import cache_kwargs
+    from bastion.huggingface.compat import cache_kwargs
     from bastion.testing.tiny import tiny_model
 
     model = tiny_model(arch, seed=0, attn_implementation="eager")
@@ -135,7 +135,7 @@ def test_profile_round_trips_keyed_by_device_and_model(tmp_path):
 
 
 def test_malformed_profile_file_warns_and_falls_back_to_the_prior(tmp_path):
-    from bastion.core.files import CacheWarning
+    from bastion.utils.files import CacheWarning
 
     path = tmp_path / "bad.json"
     path.write_text("{not json")

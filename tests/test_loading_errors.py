@@ -11,7 +11,7 @@ import torch
 
 import bastion
 from bastion.core import IncompatibleComponentsError, InvalidFileError, InvalidInputError
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.testing.tiny import save_tiny_target
 
 DEMO_TARGET = Path(bastion.__file__).parent / "demo" / "assets" / "target"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import bastion
 from bastion.core import CandidateTree, DraftContext, DraftStep, IncompatibleComponentsError, InvalidInputError
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.drafters.model import ModelDrafter, pays_for_depth, predicted_gain, worth_expanding
 from bastion.testing import check_drafter
 from bastion.testing.tiny import tiny_model

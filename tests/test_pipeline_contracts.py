@@ -22,9 +22,9 @@ from bastion.core import (
     TreeValidationError,
     UnknownComponentError,
 )
-from bastion.core.hf_target import HFTarget
-from bastion.core.interfaces import COMPONENT_INTERFACES, KINDS
-from bastion.core.registry import Registry
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.interfaces import COMPONENT_INTERFACES, KINDS
+from bastion.contract.registry import Registry
 from bastion.testing.contract import FixedLatencyModel
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_model
@@ -52,7 +52,7 @@ def test_pipeline_components_after_the_drafter_are_keyword_only():
 
 
 def test_one_table_of_kinds_serves_registry_hookspecs_and_pipeline():
-    from bastion.core import hookspecs
+    from bastion.contract import hookspecs
 
     assert KINDS == tuple(COMPONENT_INTERFACES) == hookspecs.KINDS == bastion.registry.kinds()
     with pytest.raises(bastion.core.InvalidInputError, match="unknown kinds"):

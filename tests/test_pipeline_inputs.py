@@ -10,7 +10,7 @@ import torch
 
 import bastion
 from bastion.core import GenerationResult, InvalidInputError
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.reference import greedy_reference
 from bastion.testing.tiny import save_tiny_target, tiny_model

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import bastion
-from bastion.core.hf_target import HFTarget
-from bastion.core.tree import Tree
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.tree import Tree
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_model
 

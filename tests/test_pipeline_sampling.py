@@ -12,8 +12,8 @@ import torch
 import bastion
 from bastion.controllers import BastionController
 from bastion.core import SamplingConfig
-from bastion.core.hf_target import HFTarget
-from bastion.core.sampling import processed_log_probs
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.sampling import processed_log_probs
 from bastion.testing.stats import assert_fits
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_model

@@ -12,7 +12,7 @@ import torch
 
 import bastion
 from bastion.controllers import BastionController
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.testing.drafters import NoisyOracleDrafter, PlantedDrafter
 from bastion.testing import FixedLatencyModel
 from bastion.testing.reference import greedy_reference
@@ -218,7 +218,7 @@ def test_a_plain_step_asks_the_verifier_for_the_next_token_alone_in_strict_mode_
 
 
 def test_a_verifier_whose_next_token_lies_outside_the_vocabulary_is_named_in_single_and_batched_decoding():
-    from bastion.core.errors import ComponentError
+    from bastion.contract.errors import ComponentError
 
     model = _model("qwen3")
     ctrl = BastionController(gate=dict(margin=math.inf, min_backoff=40, max_backoff=40))
@@ -232,7 +232,7 @@ def test_a_verifier_whose_next_token_lies_outside_the_vocabulary_is_named_in_sin
 
 
 def test_the_controller_reports_a_failed_probes_cost_in_plain_steps_and_the_gate_cap_follows_it():
-    from bastion.core.types import StepFeedback
+    from bastion.contract.types import StepFeedback
 
     ctrl = BastionController(calibration=False, gate=dict(min_backoff=1, max_backoff=8, probe_share=0.01))
     gate, latency = ctrl.gate, FixedLatencyModel()

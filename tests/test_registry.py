@@ -9,12 +9,12 @@ import warnings
 import pytest
 
 import bastion
-from bastion.core.errors import DuplicateComponentError, PluginLoadError, UnknownComponentError
-from bastion.core.hookspecs import KINDS, hookimpl
-from bastion.core.registry import BLOCK_ENV, BUILTIN_PLUGINS, BUILTIN_SOURCE, PluginLoadWarning, Registry
+from bastion.contract.errors import DuplicateComponentError, PluginLoadError, UnknownComponentError
+from bastion.contract.hookspecs import KINDS, hookimpl
+from bastion.contract.registry import BLOCK_ENV, BUILTIN_PLUGINS, BUILTIN_SOURCE, PluginLoadWarning, Registry
 
 GOOD = """
-from bastion.core.hookspecs import hookimpl
+from bastion.contract.hookspecs import hookimpl
 
 @hookimpl
 def bastion_register_components(register):
@@ -27,7 +27,7 @@ raise ImportError("this plugin needs a library that is not installed")
 """
 
 DUPLICATE = """
-from bastion.core.hookspecs import hookimpl
+from bastion.contract.hookspecs import hookimpl
 
 @hookimpl
 def bastion_register_components(register):
@@ -37,7 +37,7 @@ def bastion_register_components(register):
 
 
 TYPO = """
-from bastion.core.hookspecs import hookimpl
+from bastion.contract.hookspecs import hookimpl
 
 @hookimpl
 def bastion_register_component(register):
@@ -248,7 +248,7 @@ def test_a_plugin_registering_a_taken_name_loses_only_that_name_with_both_source
 
 
 def test_the_default_registry_is_reachable_as_bastion_registry():
-    from bastion.core.registry import registry
+    from bastion.contract.registry import registry
 
     assert bastion.registry is registry
     with warnings.catch_warnings():

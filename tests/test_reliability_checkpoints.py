@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bastion.core import BastionError, InvalidFileError, InvalidInputError
-from bastion.core.hf_target import HFTarget
-from bastion.core.registry import registry
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.registry import registry
 from bastion.testing.tiny import save_tiny_pair
 
 

@@ -20,9 +20,9 @@ import torch
 import bastion
 from bastion.cli.main import main
 from bastion.core import BastionError, InvalidInputError
-from bastion.core.chat import check_messages
-from bastion.core.checks import check_token_ids
-from bastion.core.errors import FileSystemError, InvalidFileError, PluginLoadError
+from bastion.utils.chat import check_messages
+from bastion.utils.checks import check_token_ids
+from bastion.contract.errors import FileSystemError, InvalidFileError, PluginLoadError
 from bastion.testing.tiny import TinyPair, save_tiny_pair
 
 PROMPT = [5, 6, 7, 8]
@@ -153,8 +153,8 @@ def test_drop_in_stop_strings_follow_the_rule_of_every_stop_string(pair: TinyPai
 
 # ------------------------------------------------------------------ plugins
 def test_a_plugin_hook_that_raises_is_a_plugin_error_naming_it_and_registers_nothing() -> None:
-    from bastion.core.hookspecs import hookimpl
-    from bastion.core.registry import Registry
+    from bastion.contract.hookspecs import hookimpl
+    from bastion.contract.registry import Registry
     from bastion.trees.best_first import BestFirstBuilder
 
     plugin = types.ModuleType("half_plugin")
@@ -180,7 +180,7 @@ def test_a_plugin_hook_that_raises_is_a_plugin_error_naming_it_and_registers_not
 
 def test_a_bad_tree_names_the_builder_that_built_it() -> None:
     from bastion.core import Tree, TreeValidationError
-    from bastion.core.checks import check_built_tree
+    from bastion.utils.checks import check_built_tree
     from bastion.trees.best_first import BestFirstBuilder
 
     class PluginBuilder(BestFirstBuilder):

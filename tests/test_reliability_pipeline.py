@@ -13,7 +13,7 @@ import torch
 
 import bastion
 from bastion.core import BastionError, InvalidInputError
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.controllers.full import FullTreeController
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.reference import greedy_reference

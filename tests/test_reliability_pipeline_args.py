@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import bastion
-from bastion.core.errors import InvalidInputError, TreeValidationError
+from bastion.contract.errors import InvalidInputError, TreeValidationError
 from bastion.testing.tiny import TinyPair, save_tiny_pair
 from bastion.trees.best_first import BestFirstBuilder
 

@@ -18,10 +18,10 @@ import bastion
 from bastion.cli.main import main
 from bastion.cli.options import generation_settings
 from bastion.core import BastionError, InvalidInputError
-from bastion.core.errors import InvalidOptionError
+from bastion.contract.errors import InvalidOptionError
 from bastion.engine.params import GenerationConfig, SamplingParams, check_setting, derived_seed
 from bastion.run.inputs import bastion_row
-from bastion.run.runner import RunConfig
+from bastion.run.job import RunConfig
 from bastion.testing.tiny import TinyPair, save_tiny_pair
 
 PROMPT = [5, 6, 7, 8]

@@ -13,8 +13,8 @@ import pytest
 import bastion
 from bastion.controllers.calibration import AcceptanceCalibrator, sampling_key
 from bastion.controllers.latency.roofline import RooflineLatency
-from bastion.core.running import RobustLevel
-from bastion.core.types import SamplingConfig, StepFeedback
+from bastion.utils.running import RobustLevel
+from bastion.contract.types import SamplingConfig, StepFeedback
 from bastion.testing.tiny import tiny_model
 
 import torch

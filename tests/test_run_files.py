@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 from bastion.run.inputs import InputRow, RowError
 from bastion.run.parse import parse_input
 from bastion.run.journal import RowWriter, read_rows, row_key, write_rows_atomic

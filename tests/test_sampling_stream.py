@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import bastion
-from bastion.core.errors import InvalidInputError
-from bastion.core.hf_target import HFTarget
-from bastion.core.interfaces import LatencyModel
-from bastion.core.sampling import PositionalStream, at_position, inverse_cdf_sample, position_uniform, position_uniforms
-from bastion.core.types import SamplingConfig
+from bastion.contract.errors import InvalidInputError
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.interfaces import LatencyModel
+from bastion.contract.sampling import PositionalStream, at_position, inverse_cdf_sample, position_uniform, position_uniforms
+from bastion.contract.types import SamplingConfig
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.reference import sampling_reference
 from bastion.testing.tiny import tiny_model
@@ -94,7 +94,7 @@ def test_inverse_cdf_sampling_follows_the_distribution():
 
 
 def test_sample_tokens_rejects_uniforms_of_the_wrong_shape():
-    from bastion.core.sampling import sample_tokens
+    from bastion.contract.sampling import sample_tokens
 
     bad = SamplingConfig(temperature=1.0, uniforms=torch.zeros(3, dtype=torch.float64))
     with pytest.raises(InvalidInputError, match="uniforms"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bastion.core.errors import BastionError
+from bastion.contract.errors import BastionError
 
 
 class _RunsCode:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import bastion
-from bastion.core.hf_target import HFTarget
-from bastion.core.sampling import PositionalStream
-from bastion.core.tree import Tree
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.contract.sampling import PositionalStream
+from bastion.contract.tree import Tree
 from bastion.demo import demo_paths
 
 BUDGETS = (1, 4, 16, 48)

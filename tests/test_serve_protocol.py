@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from bastion.core.errors import BastionError, ComponentError, InvalidInputError
+from bastion.contract.errors import BastionError, ComponentError, InvalidInputError
 from bastion.serve.errors import BadRequestError, ServerError, UnavailableError, as_api_error
 from bastion.serve.protocol import (
     chat_chunk,

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bastion.controllers import SpeculationGate
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 
 def run(gate: SpeculationGate, gains, steps: int) -> list[bool]:

@@ -1,5 +1,5 @@
 """A decode step waits for the device at most three times: every host read in the step goes through
-``bastion.core.sync.to_host`` / ``device_sync``, which ``count_syncs`` counts (the same count on CPU)."""
+``bastion.utils.sync.to_host`` / ``device_sync``, which ``count_syncs`` counts (the same count on CPU)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import bastion
-from bastion.core.hf_target import HFTarget
-from bastion.core.sync import count_syncs, to_host
+from bastion.huggingface.causal_lm import HFTarget
+from bastion.utils.sync import count_syncs, to_host
 from bastion.engine.engine import Engine
 from bastion.drafters.dflash import DFlashConfig, DFlashDraftModel, DFlashDrafter
 from bastion.testing.tiny import tiny_model

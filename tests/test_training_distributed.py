@@ -132,7 +132,7 @@ def test_precomputed_features_train_the_same_drafter_as_online_features(pair: Pa
 
 
 def test_global_batch_must_split_evenly_over_the_ranks(pair: Path) -> None:
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
     from bastion.distributed import DistContext
     from bastion.training.distill import load_continuations
     from bastion.training.drafter import DrafterTrainConfig, train_drafter

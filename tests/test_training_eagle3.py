@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bastion.core import DraftContext, DraftStep
-from bastion.core.hf_target import HFTarget
+from bastion.huggingface.causal_lm import HFTarget
 from bastion.drafters.eagle3 import Eagle3Drafter, Eagle3KV
 from bastion.testing.tiny import save_tiny_target, tiny_model
 from bastion.training.distill import DistillSequence

@@ -59,7 +59,7 @@ def test_smoke_export_is_half_precision_and_decodes_losslessly(smoke_run: Path) 
 
     from bastion import registry
     from bastion.bench.methods import ARDecoder
-    from bastion.core.pipeline import Pipeline
+    from bastion.engine.pipeline import Pipeline
 
     for part in ("target", "drafter"):
         with safe_open(str(smoke_run / "export" / part / "model.safetensors"), "pt") as fh:

@@ -61,7 +61,7 @@ def test_resumed_target_training_matches_uninterrupted(small_tokenizer, tmp_path
     from safetensors.torch import load_file
 
     from bastion.training.loop import load_checkpoint
-    from bastion.training.target import TargetConfig, train_target
+    from bastion.training.target_model import TargetConfig, train_target
 
     tok = small_tokenizer
     stream, held = _windows(4000, len(tok)), _windows(200, len(tok))

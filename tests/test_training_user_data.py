@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bastion.cli.main import main
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 from bastion.training.chat import chat_text
 from bastion.training.prompts import USER_SOURCE, read_user_prompts, render_row
 
@@ -103,7 +103,7 @@ def test_exported_drafter_from_user_data_loads_in_the_pipeline_and_is_lossless(u
 
     from bastion import registry
     from bastion.bench.methods import ARDecoder
-    from bastion.core.pipeline import Pipeline
+    from bastion.engine.pipeline import Pipeline
 
     assert not (user_run / "export" / "target").exists()  # a drafter for an existing target ships alone
     with safe_open(str(user_run / "export" / "drafter" / "model.safetensors"), "pt") as fh:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import bastion
 from bastion.core import InvalidInputError, SamplingConfig, Tree
-from bastion.core.sampling import processed_log_probs
+from bastion.contract.sampling import processed_log_probs
 from bastion.testing.stats import assert_fits
 from bastion.verifiers.exact import ExactVerifier, walk_tree
 

@@ -23,9 +23,9 @@ from bastion.bench.methods import ADAPTIVE, AR, build_decoder, parse_method
 from bastion.bench.reporting import _f, _table
 from bastion.bench.runner import BenchConfig, _progress, balanced_orders, drafter_dtype, load_prompts
 from bastion.bench.templates import TemplateStyle, encode_prompt
-from bastion.core.errors import InvalidInputError
-from bastion.core.target import Target
-from bastion.core.types import GenerationResult
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.target import Target
+from bastion.contract.types import GenerationResult
 
 __all__ = ["BatchPoint", "BatchSweep", "run_batch_sweep", "batch_table", "write_batch_report"]
 

@@ -26,7 +26,7 @@ from typing import Literal
 
 from attrs import frozen
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["Contention", "ContentionSpec", "parse_contention"]
 

@@ -6,7 +6,7 @@ A dataset is named by a spec string ``NAME[=SOURCE]``:
 - ``gsm8k`` / ``humaneval`` / ``mt_bench`` / ``spec_bench``: the file of that name under the data
   directory (``gsm8k/test.jsonl``, ``humaneval/HumanEval.jsonl.gz``, ``mt_bench/question.jsonl``,
   ``spec_bench/question.jsonl``, each also read gzipped as ``NAME.gz``); without a data folder, the
-  copies bundled in the package (see :func:`bastion.core.folders.default_data_dir`);
+  copies bundled in the package (see :func:`bastion.utils.folders.default_data_dir`);
 - ``gsm8k=path/to/file.jsonl``: a local JSONL (optionally gzipped) or JSON-array file in that format;
 - ``gsm8k=hf:openai/gsm8k:main@test``: a Hugging Face ``datasets`` id, optional config after ``:``
   and split after ``@`` (needs the ``datasets`` package and network access); ``gsm8k=hf`` uses the
@@ -26,8 +26,8 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 
 from attrs import field, frozen
 
-from bastion.core.folders import DATA_DIR_ENV, data_file, default_data_dir
-from bastion.core.errors import InvalidFileError, InvalidInputError
+from bastion.utils.folders import DATA_DIR_ENV, data_file, default_data_dir
+from bastion.contract.errors import InvalidFileError, InvalidInputError
 
 __all__ = [
     "Domain",

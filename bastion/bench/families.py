@@ -23,7 +23,7 @@ from attrs import frozen
 
 from bastion.bench.methods import ADAPTIVE, AR, EAGLE3, FAMILY_SEP as _SEP, is_eagle3_drafter, split_family
 from bastion.bench.metrics import DatasetSummary, MethodStats, summarize
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["split_family", "own_tree", "family_methods", "FamilySummary", "family_summaries", "families_table"]
 

@@ -26,15 +26,15 @@ import attrs
 import torch
 from attrs import field, frozen
 
-from bastion.core.batch import decode_plain_batch
-from bastion.core.checks import check_int
-from bastion.core.errors import InvalidInputError
-from bastion.core.pipeline import Pipeline
-from bastion.core.sampling import PositionalStream, at_position, check_seed, sample_tokens
-from bastion.core.sync import device_sync
-from bastion.core.target import Target
-from bastion.core.tree import Tree
-from bastion.core.types import GenerationResult, SamplingConfig, StageTimings, StepRecord
+from bastion.engine.plain import decode_plain_batch
+from bastion.utils.checks import check_int
+from bastion.contract.errors import InvalidInputError
+from bastion.engine.pipeline import Pipeline
+from bastion.contract.sampling import PositionalStream, at_position, check_seed, sample_tokens
+from bastion.utils.sync import device_sync
+from bastion.contract.target import Target
+from bastion.contract.tree import Tree
+from bastion.contract.types import GenerationResult, SamplingConfig, StageTimings, StepRecord
 
 __all__ = [
     "AR",

@@ -1,6 +1,6 @@
 """Benchmark metrics: per method x dataset aggregates and the per-dataset comparison summary.
 
-Everything here is computed from the recorded :class:`~bastion.core.types.GenerationResult` of each
+Everything here is computed from the recorded :class:`~bastion.contract.types.GenerationResult` of each
 (method, prompt) pair of one run, so every ratio (speedup, acceptance ratio) compares methods measured
 side by side on the same prompts.
 """
@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 import attrs
 from attrs import field, frozen
 
-from bastion.core.types import GenerationResult
+from bastion.contract.types import GenerationResult
 
 __all__ = [
     "STAGES",

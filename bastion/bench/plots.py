@@ -26,7 +26,7 @@ def _plt() -> Any:
     try:
         import matplotlib
     except ImportError:
-        from bastion.core.errors import InvalidInputError
+        from bastion.contract.errors import InvalidInputError
 
         raise InvalidInputError(
             "the bench's PNG plots need matplotlib, which is not installed: pip install 'bastion[plot]' "

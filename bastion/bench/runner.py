@@ -24,10 +24,10 @@ from bastion.bench.families import split_family
 from bastion.bench.methods import AR, ADAPTIVE, Decoder, MethodSpec, build_decoder, default_methods, parse_method
 from bastion.bench.metrics import DatasetSummary, MethodStats, PromptRun, aggregate, latency_points, summarize
 from bastion.bench.templates import TemplateStyle, encode_prompt
-from bastion.core.checks import check_int, optional_positive_int, positive_int
-from bastion.core.errors import InvalidInputError
-from bastion.core.target import Target
-from bastion.core.types import GenerationResult, SamplingConfig
+from bastion.utils.checks import check_int, optional_positive_int, positive_int
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.target import Target
+from bastion.contract.types import GenerationResult, SamplingConfig
 from bastion.distributed import DistContext, gather_objects, shard
 
 __all__ = ["BenchConfig", "BenchRun", "LatencyFit", "QUICK", "balanced_orders", "load_prompts", "run_bench", "run_bench_temperatures", "fit_latency"]

@@ -23,7 +23,7 @@ from attrs import frozen
 from bastion.bench.datasets import Prompt, load_dataset
 from bastion.bench.methods import ADAPTIVE, AR, split_family
 from bastion.bench.metrics import MethodStats
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["PHASE_ALIASES", "PhaseRow", "phase_table", "parse_scenario", "scenario_prompts", "scenario_rows"]
 

@@ -13,8 +13,8 @@ import torch
 from attrs import frozen
 
 from bastion.bench.datasets import Domain, Prompt
-from bastion.core.chat import chat_text, has_chat_template, user_turn
-from bastion.core.errors import InvalidInputError
+from bastion.utils.chat import chat_text, has_chat_template, user_turn
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["TemplateStyle", "PromptTemplate", "TEMPLATES", "render_prompt", "encode_prompt", "byte_encode"]
 

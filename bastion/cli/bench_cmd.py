@@ -70,8 +70,8 @@ def check_bench_settings(args: argparse.Namespace) -> None:
     (:func:`bastion.cli.options.generation_settings`), and its counts (``--limit``, ``--repeats`` >= 1,
     ``--warmup-tokens`` >= 0); a bad value raises :class:`InvalidInputError` naming the option."""
     from bastion.cli.options import generation_settings
-    from bastion.core.checks import check_int
-    from bastion.core.errors import InvalidInputError
+    from bastion.utils.checks import check_int
+    from bastion.contract.errors import InvalidInputError
 
     generation_settings(args, names=("max_new_tokens", "temperature", "top_p", "top_k", "seed"))
     for t in args.temperatures or ():
@@ -118,7 +118,7 @@ def build_config(args: argparse.Namespace) -> Any:
 def load_pair(args: argparse.Namespace, device: Any = None) -> tuple[Any, Any, Any]:
     """(target, drafter, tokenizer), loaded once and shared by every method."""
     from bastion.cli.options import build_pipeline
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
 
     if args.target is not None and args.drafter is None:
         raise InvalidInputError("give both --target and --drafter, or neither (the demo pair)")
@@ -132,8 +132,8 @@ def load_drafters(target: str | None, entries: list[str], device: str, dtype: st
     import torch
 
     from bastion.cli.options import torch_dtype
-    from bastion.core.errors import InvalidInputError
-    from bastion.core.pipeline import Pipeline
+    from bastion.contract.errors import InvalidInputError
+    from bastion.engine.pipeline import Pipeline
     from bastion.demo import demo_drafter, demo_drafter_options, demo_paths
 
     specs: dict[str, str] = {}
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_plots:  # a missing plotting library fails before any model loads, not after the bench
         import importlib.util
 
-        from bastion.core.errors import InvalidInputError
+        from bastion.contract.errors import InvalidInputError
 
         try:
             found = importlib.util.find_spec("matplotlib") is not None
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             from bastion.bench.families import family_methods
 
             if args.drafter is not None:
-                from bastion.core.errors import InvalidInputError
+                from bastion.contract.errors import InvalidInputError
 
                 raise InvalidInputError("give --drafter or --drafters, not both")
             target, drafter, tokenizer = load_drafters(args.target, args.drafters, str(ctx.device), args.dtype)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bastion.cli.parsing import positive_int_list
-from bastion.core.dtypes import CLI_DTYPES, parse_dtype, show_dtype_choices
+from bastion.utils.dtypes import CLI_DTYPES, parse_dtype, show_dtype_choices
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
 
     from bastion.controllers.latency.calibrate import calibrate, plot_calibration
     from bastion.controllers.latency.profiles import default_profile_path
-    from bastion.core.errors import InvalidInputError
-    from bastion.core.hf_target import HFTarget
+    from bastion.contract.errors import InvalidInputError
+    from bastion.huggingface.causal_lm import HFTarget
 
     if args.repeats < 1:
         raise InvalidInputError(f"--repeats must be >= 1, got {args.repeats}")

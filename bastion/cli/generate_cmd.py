@@ -56,14 +56,14 @@ def read_prompt(args: argparse.Namespace) -> str:
         return _checked_text(sys.stdin.read() if args.prompt == "-" else args.prompt, "the prompt")
     if args.prompt_file == "-":
         return _checked_text(sys.stdin.read(), "the prompt from stdin")
-    from bastion.core.files import read_text_file
+    from bastion.utils.files import read_text_file
 
     return _checked_text(read_text_file(args.prompt_file, "--prompt-file"), f"--prompt-file {args.prompt_file}")
 
 
 def read_prompts(prompts: list[str]) -> list[str]:
     """Several --prompt values: each checked non-empty; ``-`` reads stdin (at most once)."""
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
 
     if prompts.count("-") > 1:
         raise InvalidInputError("--prompt - reads stdin, which can be given only once")
@@ -71,7 +71,7 @@ def read_prompts(prompts: list[str]) -> list[str]:
 
 
 def _checked_text(text: str, what: str) -> str:
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
 
     if not text.strip():
         raise InvalidInputError(f"{what} is empty")
@@ -83,8 +83,8 @@ def encode_prompt(pipe: Any, prompt: str, template: str) -> Any:
     has one) or as it is (``raw``)."""
     import torch
 
-    from bastion.core.errors import InvalidInputError
-    from bastion.core.chat import has_chat_template
+    from bastion.contract.errors import InvalidInputError
+    from bastion.utils.chat import has_chat_template
     from bastion.run.encode import prompt_ids
 
     if template == "chat" and pipe.tokenizer is not None and not has_chat_template(pipe.tokenizer):

@@ -12,7 +12,7 @@ import sys
 from typing import NoReturn
 
 from bastion import __version__
-from bastion.core.logs import LOG_LEVELS
+from bastion.utils.logs import LOG_LEVELS
 
 COMMAND_MODULES: tuple[str, ...] = (
     "bastion.cli.plugins_cmd",
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    from bastion.core.errors import BastionError
-    from bastion.core.logs import configure_logging, request_level
+    from bastion.contract.errors import BastionError
+    from bastion.utils.logs import configure_logging, request_level
 
     request_level(args.log_level)
     if args.log_level is not None:

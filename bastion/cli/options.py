@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from bastion.core.dtypes import CLI_DTYPES
+from bastion.utils.dtypes import CLI_DTYPES
 
 __all__ = [
     "DEVICE_DEFAULT",
@@ -99,8 +99,8 @@ def generation_settings(args: argparse.Namespace, *, names: tuple[str, ...] = tu
     ``--top-k``, ``--seed``, ``--stop``, those of ``names`` the command has) as one
     :class:`~bastion.GenerationConfig`, checked by the rule every path applies
     (:func:`bastion.engine.params.check_setting`) before any model loads; a bad value raises
-    :class:`~bastion.core.errors.InvalidInputError` naming the option."""
-    from bastion.core.errors import InvalidInputError
+    :class:`~bastion.contract.errors.InvalidInputError` naming the option."""
+    from bastion.contract.errors import InvalidInputError
     from bastion.engine.params import GenerationConfig, SamplingParams, check_setting
 
     values: dict[str, Any] = {}
@@ -204,7 +204,7 @@ class ComponentChoice:
 
 def component_choices(args: argparse.Namespace) -> dict[str, ComponentChoice]:
     """The chosen name and options of each component kind (drafter excluded), keyed by kind."""
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
 
     controller = args.budget_controller
     if args.budget is not None:
@@ -227,7 +227,7 @@ def component_choices(args: argparse.Namespace) -> dict[str, ComponentChoice]:
 
 def torch_dtype(name: str) -> Any:
     """``"auto"`` or a torch dtype for a --dtype value."""
-    from bastion.core.dtypes import parse_dtype
+    from bastion.utils.dtypes import parse_dtype
 
     return "auto" if name == "auto" else parse_dtype(name)
 
@@ -236,7 +236,7 @@ def pipeline_kwargs(args: argparse.Namespace, *, components: bool = True) -> dic
     """Keyword arguments of :meth:`bastion.Pipeline.from_pretrained` (and ``demo``) for the parsed
     model and component options. Options qualified with a name other than the chosen component's are an
     error (nothing would use them). With ``components=False`` only the models and drafter options."""
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
 
     drafter_opts = {key: value for _, key, value in args.drafter_option}
     models: dict[str, Any] = dict(device=resolve_cli_device(args.device), dtype=torch_dtype(args.dtype))
@@ -274,8 +274,8 @@ def build_pipeline(args: argparse.Namespace, *, device: Any = None, components: 
     drafter with the demo target); ``device`` overrides ``args.device`` (a rank's own device). With
     ``components=False`` only the models (and drafter options) come from ``args`` and the other components
     are the defaults: for commands that assemble several pipelines around one loaded pair."""
-    from bastion.core.errors import InvalidInputError
-    from bastion.core.pipeline import Pipeline
+    from bastion.contract.errors import InvalidInputError
+    from bastion.engine.pipeline import Pipeline
 
     target, drafter = getattr(args, "target", None), getattr(args, "drafter", None)
     kwargs = pipeline_kwargs(args, components=components)
@@ -298,7 +298,7 @@ def build_pipeline(args: argparse.Namespace, *, device: Any = None, components: 
 
 def configure_output(verbose: bool) -> None:
     """Quiet by default: library warnings, info logs and weight-loading progress bars only with --verbose
-    or a ``--log-level`` (``bastion --log-level info ...``); see :mod:`bastion.core.logs`."""
-    from bastion.core.logs import configure_logging
+    or a ``--log-level`` (``bastion --log-level info ...``); see :mod:`bastion.utils.logs`."""
+    from bastion.utils.logs import configure_logging
 
     configure_logging(verbose=verbose)

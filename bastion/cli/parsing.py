@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["csv_list", "float_list", "int_list", "parse_int_list", "positive_int_list"]
 

@@ -59,9 +59,9 @@ def _model_name(target: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bastion.core.errors import BastionError
+    from bastion.contract.errors import BastionError
     from bastion.distributed import setup, teardown
-    from bastion.run.runner import RunConfig, run_file
+    from bastion.run.job import RunConfig, run_file
 
     from bastion.cli.options import configure_output
 

@@ -70,7 +70,7 @@ def components_line(pipe: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
 
     try:
         from bastion.serve import BastionServer, ServeSettings
@@ -95,6 +95,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _server_log_level(verbose: bool) -> str:
     """The web server's log level: the run's --log-level when given, else info with --verbose."""
-    from bastion.core.logs import requested_level
+    from bastion.utils.logs import requested_level
 
     return requested_level() or ("info" if verbose else "warning")

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from attrs import frozen
 
 from bastion.cli.parsing import csv_list, parse_int_list
-from bastion.core.dtypes import CLI_DTYPES, parse_dtype
+from bastion.utils.dtypes import CLI_DTYPES, parse_dtype
 
 SMOKE_LIMIT = 12  # documents per source in --smoke runs
 
@@ -229,15 +229,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------- helpers
 def _data_dir(args: argparse.Namespace) -> Path:
-    from bastion.core.folders import default_data_dir
+    from bastion.utils.folders import default_data_dir
 
     return args.data_dir or default_data_dir()
 
 
 def _training_data_dir(args: argparse.Namespace) -> Path:
     """The folder the training corpus is read from; the package's bundled slice only for ``--smoke``."""
-    from bastion.core.errors import InvalidInputError
-    from bastion.core.folders import DATA_DIR_ENV, is_bundled
+    from bastion.contract.errors import InvalidInputError
+    from bastion.utils.folders import DATA_DIR_ENV, is_bundled
 
     found = _data_dir(args)
     if is_bundled(found) and not args.smoke:
@@ -254,7 +254,7 @@ def _limit(args: argparse.Namespace) -> int | None:
 
 
 def _setup(args: argparse.Namespace) -> None:
-    from bastion.core.dtypes import show_dtype_choices
+    from bastion.utils.dtypes import show_dtype_choices
     from bastion.training.loop import seed_everything, set_threads
 
     show_dtype_choices()
@@ -275,7 +275,7 @@ def _layer_ids(text: str | None, target: Any = None, draft_layers: int = 1) -> t
 
 
 def _tokenizer_or_none(name: str) -> Any:
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
     from bastion.training.frozen import load_target_tokenizer
 
     try:
@@ -299,7 +299,7 @@ def run_tokenizer(args: argparse.Namespace) -> int:
 
 def run_target(args: argparse.Namespace) -> int:
     from bastion.training.corpus import load_documents, split_documents
-    from bastion.training.target import TargetConfig, train_target
+    from bastion.training.target_model import TargetConfig, train_target
     from bastion.training.tokenizer import load_tokenizer
     from bastion.training.tokens import load_or_encode
 
@@ -430,7 +430,7 @@ def _acceptance(args: argparse.Namespace, target: Any, tok: Any) -> Any:
 
 def _check_out_folder(out: Path) -> None:
     """``--out`` must be a folder (or not exist yet, nor any file above it)."""
-    from bastion.core.errors import FileSystemError
+    from bastion.contract.errors import FileSystemError
 
     out = Path(out)
     for path in (out, *out.parents):
@@ -481,7 +481,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_all(args: argparse.Namespace) -> int:
-    from bastion.core.errors import InvalidInputError
+    from bastion.contract.errors import InvalidInputError
     from bastion.distributed import env_ranks
 
     if env_ranks()[1] > 1:

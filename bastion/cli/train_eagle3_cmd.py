@@ -83,7 +83,7 @@ def run_eagle3(args: argparse.Namespace) -> int:
     import torch
 
     from bastion.cli.parsing import parse_int_list
-    from bastion.core.dtypes import show_dtype_choices
+    from bastion.utils.dtypes import show_dtype_choices
     from bastion.drafters.eagle3 import Eagle3DraftModel
     from bastion.training.distill import load_continuations
     from bastion.training.eagle3 import Eagle3TrainConfig, train_eagle3

@@ -31,11 +31,11 @@ import torch
 
 from bastion.controllers.calibration import AcceptanceCalibrator, SamplingKey, sampling_key
 from bastion.controllers.gate import SpeculationGate
-from bastion.core.checks import check_int, check_number, options_object, predict_batch_checked, predict_checked
-from bastion.core.errors import InvalidInputError
-from bastion.core.interfaces import BatchStepCosts, BudgetController, BudgetDecision, LatencyModel
-from bastion.core.running import RobustLevel
-from bastion.core.types import SamplingConfig, SpeedupEstimator, StepFeedback
+from bastion.utils.checks import check_int, check_number, options_object, predict_batch_checked, predict_checked
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.interfaces import BatchStepCosts, BudgetController, BudgetDecision, LatencyModel
+from bastion.utils.running import RobustLevel
+from bastion.contract.types import SamplingConfig, SpeedupEstimator, StepFeedback
 
 __all__ = ["BastionController", "BastionDecision", "FixedController", "batch_accept_curve"]
 

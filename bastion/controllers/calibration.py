@@ -37,9 +37,9 @@ from typing import Sequence
 import numpy as np
 from attrs import frozen
 
-from bastion.core.checks import check_int, check_number
-from bastion.core.errors import InvalidInputError
-from bastion.core.types import SamplingConfig
+from bastion.utils.checks import check_int, check_number
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.types import SamplingConfig
 
 __all__ = ["AcceptanceCalibrator", "CalibrationTable", "sampling_key"]
 

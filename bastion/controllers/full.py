@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from bastion.core.errors import InvalidInputError
-from bastion.core.interfaces import BudgetController, LatencyModel
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.interfaces import BudgetController, LatencyModel
 
 __all__ = ["FullTreeController"]
 

@@ -51,8 +51,8 @@ from __future__ import annotations
 
 import math
 
-from bastion.core.checks import check_int, check_number
-from bastion.core.errors import InvalidInputError
+from bastion.utils.checks import check_int, check_number
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["SpeculationGate"]
 

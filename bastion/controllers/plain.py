@@ -12,8 +12,8 @@ from typing import Sequence
 
 import torch
 
-from bastion.core.errors import InvalidInputError
-from bastion.core.interfaces import BatchStepCosts, BudgetController, LatencyModel
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.interfaces import BatchStepCosts, BudgetController, LatencyModel
 
 __all__ = ["PlainController"]
 

@@ -12,8 +12,8 @@ from typing import Any
 import attrs
 import torch
 
-from bastion.core.dtypes import fast_bfloat16
-from bastion.core.errors import InvalidInputError
+from bastion.utils.dtypes import fast_bfloat16
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["DemoPaths", "demo_paths", "demo_drafter", "demo_drafter_options", "ASSETS_DIR", "DEMO_DRAFTERS"]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from bastion.core.errors import InvalidFileError, InvalidInputError
-from bastion.core.files import read_safetensors_header
+from bastion.contract.errors import InvalidFileError, InvalidInputError
+from bastion.utils.files import read_safetensors_header
 
 __all__ = ["resolve_checkpoint_folder", "load_safetensors_file"]
 

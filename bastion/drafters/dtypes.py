@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["as_dtype"]
 

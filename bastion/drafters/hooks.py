@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bastion.core.hookspecs import Register, hookimpl
+from bastion.contract.hookspecs import Register, hookimpl
 
 
 @hookimpl

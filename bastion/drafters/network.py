@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bastion.core.checks import check_device
-from bastion.core.dtypes import auto_dtype, parse_dtype
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.utils.checks import check_device
+from bastion.utils.dtypes import auto_dtype, parse_dtype
+from bastion.contract.errors import IncompatibleComponentsError, InvalidInputError
 
 if TYPE_CHECKING:
-    from bastion.core.target import Target
+    from bastion.contract.target import Target
 
 __all__ = ["rms_norm", "RMSNorm", "RopeShape", "rope_inv_freq", "DraftNetwork", "load_draft_network", "bind_network"]
 
@@ -123,7 +123,7 @@ def load_draft_network(
     """The ``network`` a drafter runs: ``checkpoint`` itself (an instance) moved to ``device`` and
     ``dtype`` (None or ``"auto"``: its own), or the checkpoint at a path or hub id loaded there. A loaded
     checkpoint in the auto dtype keeps its stored dtype, except float16 on a CPU, which computes in
-    float32 (:func:`bastion.core.dtypes.auto_dtype`; the choice is logged under ``drafter``). A device
+    float32 (:func:`bastion.utils.dtypes.auto_dtype`; the choice is logged under ``drafter``). A device
     this process cannot use, an unknown dtype or any other ``checkpoint`` raise :class:`InvalidInputError`."""
     device = check_device(device)  # a CUDA device on a build without one: bastion's error, not torch's
     named = parse_dtype(dtype, allow_auto=True)

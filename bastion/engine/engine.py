@@ -28,16 +28,16 @@ from typing import Any, Callable, Sequence
 import attrs
 import torch
 
-from bastion.core.batching import DraftBatch, SoloDraftBatch, SoloTargetBatch, TargetBatch
-from bastion.core.blame import plugin_of
-from bastion.core.candidates import CandidateTree
-from bastion.core.checks import check_built_tree, check_decision, check_greedy_verdict, check_next_tokens, check_verdict
-from bastion.core.errors import BastionError, ComponentError, IncompatibleComponentsError, InvalidInputError
-from bastion.core.interfaces import BatchStepCosts, BudgetDecision
-from bastion.core.sampling import at_position, sample_tokens
-from bastion.core.sync import device_sync, to_host
-from bastion.core.tree import Tree
-from bastion.core.types import DraftContext, DraftStep, Marginals, StepRecord, Verdict
+from bastion.contract.batch_state import DraftBatch, SoloDraftBatch, SoloTargetBatch, TargetBatch
+from bastion.engine.blame import plugin_of
+from bastion.contract.candidates import CandidateTree
+from bastion.utils.checks import check_built_tree, check_decision, check_greedy_verdict, check_next_tokens, check_verdict
+from bastion.contract.errors import BastionError, ComponentError, IncompatibleComponentsError, InvalidInputError
+from bastion.contract.interfaces import BatchStepCosts, BudgetDecision
+from bastion.contract.sampling import at_position, sample_tokens
+from bastion.utils.sync import device_sync, to_host
+from bastion.contract.tree import Tree
+from bastion.contract.types import DraftContext, DraftStep, Marginals, StepRecord, Verdict
 from bastion.engine.params import GenerationConfig
 from bastion.engine.observer import StageClock, StepObserver
 from bastion.engine.request import Request, StepSummary, StepUpdate
@@ -48,7 +48,7 @@ __all__ = ["Engine"]
 class Engine:
     """Continuous batched decoding over a :class:`~bastion.Pipeline`'s components (see the module doc);
     ``pipe`` is a pipeline, or any object with the components and checks the engine reads from one
-    (:class:`bastion.core.batch.PlainComponents` for the target alone).
+    (:class:`bastion.engine.plain.PlainComponents` for the target alone).
 
     ``max_running`` bounds the rows decoding at once (None: no bound); ``prefill_tokens`` the prompt
     tokens admitted per step (a longer prompt is admitted alone); ``prefill_chunk`` (None: off) splits a

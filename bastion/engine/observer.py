@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 import attrs
 import torch
 
-from bastion.core.running import RobustLevel
-from bastion.core.types import StageTimings, StepFeedback, StepRecord
+from bastion.utils.running import RobustLevel
+from bastion.contract.types import StageTimings, StepFeedback, StepRecord
 
 if TYPE_CHECKING:
-    from bastion.core.interfaces import BudgetDecision
-    from bastion.core.tree import Tree
-    from bastion.core.types import Verdict
+    from bastion.contract.interfaces import BudgetDecision
+    from bastion.contract.tree import Tree
+    from bastion.contract.types import Verdict
 
 __all__ = ["StageClock", "StepObserver"]
 

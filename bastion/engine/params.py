@@ -14,10 +14,10 @@ from typing import Any, Mapping
 import attrs
 from attrs import field, frozen
 
-from bastion.core.checks import SEED_LIMIT, check_int, check_seed
-from bastion.core.errors import InvalidInputError, InvalidOptionError
-from bastion.core.text import check_stop_strings
-from bastion.core.types import SamplingConfig
+from bastion.utils.checks import SEED_LIMIT, check_int, check_seed
+from bastion.contract.errors import InvalidInputError, InvalidOptionError
+from bastion.utils.text import check_stop_strings
+from bastion.contract.types import SamplingConfig
 
 __all__ = ["GenerationConfig", "SamplingParams", "SAMPLING_SETTINGS", "SETTINGS", "check_setting", "derived_seed", "generation_config"]
 

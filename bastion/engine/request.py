@@ -17,9 +17,9 @@ import attrs
 import torch
 from attrs import field, frozen
 
-from bastion.core.sampling import PositionalStream, seeded_generator
-from bastion.core.text import TextTracker
-from bastion.core.types import GenerationResult, SamplingConfig, StepRecord
+from bastion.contract.sampling import PositionalStream, seeded_generator
+from bastion.utils.text import TextTracker
+from bastion.contract.types import GenerationResult, SamplingConfig, StepRecord
 from bastion.engine.params import GenerationConfig
 
 __all__ = ["Request", "StepSummary", "StepUpdate", "StopReason"]

@@ -11,8 +11,8 @@ import attrs
 import torch
 from attrs import frozen
 
-from bastion.core.errors import BastionError
-from bastion.core.types import GenerationResult
+from bastion.contract.errors import BastionError
+from bastion.contract.types import GenerationResult
 from bastion.engine.params import derived_seed
 from bastion.run.encode import EncodedRow
 from bastion.run.inputs import RowError

@@ -7,8 +7,8 @@ from typing import Any
 
 from attrs import field, frozen
 
-from bastion.core.chat import chat_ids, has_chat_template, user_turn
-from bastion.core.errors import InvalidInputError
+from bastion.utils.chat import chat_ids, has_chat_template, user_turn
+from bastion.contract.errors import InvalidInputError
 from bastion.run.inputs import InputRow, RowError
 from bastion.run.settings import Decode, resolve
 

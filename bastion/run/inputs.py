@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 from attrs import field, frozen
 
-from bastion.core.chat import check_messages
-from bastion.core.errors import InvalidInputError
-from bastion.core.text import split_jsonl_lines as split_lines
+from bastion.utils.chat import check_messages
+from bastion.contract.errors import InvalidInputError
+from bastion.utils.text import split_jsonl_lines as split_lines
 from bastion.run.settings import SETTING_KEYS, RowSettings, parse_settings
 
 __all__ = ["InputRow", "RowError", "ParsedInput", "bastion_row", "id_key", "check_messages", "split_lines"]

@@ -5,7 +5,7 @@ written. Reading a file back for a resume drops a torn last line (a line cut sho
 newline at its end, and not a complete JSON value other than a row) by truncating the file there; its
 row is decoded again. A bad line anywhere else is not ours to guess about and stops the run with its
 line number. File-system failures (a read-only folder, a full disk) raise
-:class:`~bastion.core.errors.FileSystemError` naming the file.
+:class:`~bastion.contract.errors.FileSystemError` naming the file.
 
 Every input line maps to one output row and one key: ``id:<canonical id>`` for a decoded row,
 ``line:<n>`` for an error row (an input line that could not be decoded, which may have no usable id).
@@ -21,9 +21,9 @@ from typing import IO, Any, Iterable
 
 from attrs import frozen
 
-from bastion.core.errors import FileSystemError, InvalidInputError
-from bastion.core.files import atomic_path
-from bastion.core.types import GenerationResult
+from bastion.contract.errors import FileSystemError, InvalidInputError
+from bastion.utils.files import atomic_path
+from bastion.contract.types import GenerationResult
 from bastion.run.inputs import InputRow, RowError, id_key
 from bastion.run.openai import error_response, is_response_row, ok_response, response_key_parts
 

@@ -6,7 +6,7 @@
   SHA-256, the model (``--target``, ``--dtype``), the command line's decode settings, and for every
   valid input row a digest of its request (prompt or messages, endpoint, effective settings). A rerun
   resumes ``OUT`` only when every row already decoded there was decoded from the same request by the
-  same model; anything else is refused (:class:`bastion.core.errors.InvalidInputError` saying what
+  same model; anything else is refused (:class:`bastion.contract.errors.InvalidInputError` saying what
   changed), as is an existing non-empty ``OUT`` (or part files) without a manifest, unless
   ``--overwrite``. The manifest also names the process writing ``OUT`` while it runs.
 - ``OUT.lock``: an exclusive lock (``filelock``) held for the whole run, so a second ``bastion run``
@@ -28,8 +28,8 @@ from typing import Any, Mapping
 import attrs
 from attrs import field, frozen
 
-from bastion.core.errors import FileSystemError, InvalidFileError, InvalidInputError
-from bastion.core.files import write_json_atomic
+from bastion.contract.errors import FileSystemError, InvalidFileError, InvalidInputError
+from bastion.utils.files import write_json_atomic
 from bastion.run.inputs import InputRow
 from bastion.run.settings import Decode, resolve
 

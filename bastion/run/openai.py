@@ -18,8 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from bastion.core.errors import InvalidInputError
-from bastion.core.types import GenerationResult
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.types import GenerationResult
 from bastion.run.inputs import InputRow, OpenAIRequest, RowError, check_messages
 from bastion.run.settings import SETTING_KEYS, parse_settings
 

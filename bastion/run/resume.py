@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from bastion.core.errors import FileSystemError, InvalidInputError
+from bastion.contract.errors import FileSystemError, InvalidInputError
 from bastion.run.inputs import InputRow
 from bastion.run.journal import ResultRow, is_error_row, read_rows, row_key
 from bastion.run.manifest import Manifest, check_paths, foreign_content, manifest_path, read_manifest

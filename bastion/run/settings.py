@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from attrs import frozen
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 from bastion.engine.params import check_setting, derived_seed
 
 __all__ = ["RowSettings", "Decode", "SETTING_KEYS", "MAX_TOKENS_KEYS", "parse_settings", "resolve"]
@@ -54,7 +54,7 @@ class Decode:
 
     def group(self) -> tuple[Any, ...]:
         """What rows must share to be decoded by one ``generate_batch`` call (the seed aside: see
-        :func:`bastion.run.runner._seed_runs`)."""
+        :func:`bastion.run.job._seed_runs`)."""
         return (self.max_new_tokens, self.temperature, self.top_p, self.top_k, self.stop)
 
     def as_json(self) -> dict[str, Any]:

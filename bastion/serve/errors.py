@@ -1,6 +1,6 @@
 """The errors the server answers with, each carrying its HTTP status and OpenAI's error fields.
 
-Every handler raises one of these (or lets a :class:`~bastion.core.errors.BastionError` through, which
+Every handler raises one of these (or lets a :class:`~bastion.contract.errors.BastionError` through, which
 :func:`as_api_error` turns into one); the app renders them as OpenAI's error body::
 
     {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bastion.core.errors import BastionError, ComponentError, InvalidInputError
+from bastion.contract.errors import BastionError, ComponentError, InvalidInputError
 
 __all__ = ["APIError", "BadRequestError", "ServerError", "UnavailableError", "as_api_error"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 from bastion.engine import GenerationConfig, SamplingParams
 from bastion.serve.errors import BadRequestError
 from bastion.serve.protocol import ChatRequest, CompletionRequest

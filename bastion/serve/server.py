@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import uvicorn
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 from bastion.serve.app import AppState, create_app
 from bastion.serve.worker import EngineWorker
 

@@ -1,7 +1,7 @@
 """Contract kit: checks a component author runs against their own drafter, tree builder, latency model,
 budget controller or verifier.
 
-Each ``check_*`` function exercises the interface contract of :mod:`bastion.core.interfaces` (types,
+Each ``check_*`` function exercises the interface contract of :mod:`bastion.contract.interfaces` (types,
 shapes, value ranges, prefix closure, determinism, errors on bad input, and for verifiers losslessness)
 and raises :class:`AssertionError` with a message naming the component and the broken rule, so the
 functions drop straight into a pytest test::
@@ -23,9 +23,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from bastion.core.candidates import CandidateTree
-from bastion.core.errors import TreeValidationError
-from bastion.core.interfaces import (
+from bastion.contract.candidates import CandidateTree
+from bastion.contract.interfaces import (
     COMPONENT_INTERFACES,
     BudgetController,
     BudgetDecision,
@@ -34,11 +33,11 @@ from bastion.core.interfaces import (
     TreeBuilder,
     Verifier,
 )
-from bastion.core.errors import InvalidInputError, TreeValidationError
-from bastion.core.sampling import processed_log_probs, seeded_generator
-from bastion.core.target import Target
-from bastion.core.tree import Tree
-from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, Verdict
+from bastion.contract.errors import InvalidInputError, TreeValidationError
+from bastion.contract.sampling import processed_log_probs, seeded_generator
+from bastion.contract.target import Target
+from bastion.contract.tree import Tree
+from bastion.contract.types import DraftContext, DraftStep, Marginals, SamplingConfig, Verdict
 from bastion.testing.stats import DEFAULT_ALPHA, assert_fits
 
 __all__ = [
@@ -80,7 +79,7 @@ def _require(ok: bool, component: object, rule: str) -> None:
 
 
 #: what every component must raise for bad input: bastion's documented error for it
-#: (:class:`bastion.core.errors.InvalidInputError`; trees may raise its sibling TreeValidationError)
+#: (:class:`bastion.contract.errors.InvalidInputError`; trees may raise its sibling TreeValidationError)
 DOCUMENTED_ERRORS: tuple[type[Exception], ...] = (InvalidInputError, TreeValidationError)
 
 
@@ -709,7 +708,7 @@ def check_component(kind: str, name: str, *, options: dict[str, Any] | None = No
     """Create registered component ``name`` of ``kind`` (with ``options``) through the registry, as a
     pipeline would, and run the matching ``check_*`` on it with ``check_kwargs``. Returns the instance."""
     if registry is None:
-        from bastion.core.registry import registry as default_registry
+        from bastion.contract.registry import registry as default_registry
 
         registry = default_registry
     if kind not in COMPONENT_INTERFACES:

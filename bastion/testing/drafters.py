@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.core.hf_compat import cache_kwargs
-from bastion.core.interfaces import Drafter
-from bastion.core.sampling import seeded_generator
-from bastion.core.types import DraftContext, DraftStep, Marginals
+from bastion.contract.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.huggingface.compat import cache_kwargs
+from bastion.contract.interfaces import Drafter
+from bastion.contract.sampling import seeded_generator
+from bastion.contract.types import DraftContext, DraftStep, Marginals
 
 __all__ = ["NoisyOracleDrafter", "PlantedDrafter"]
 

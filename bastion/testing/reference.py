@@ -25,11 +25,11 @@ def sampling_reference(
     position ``p`` is the inverse-CDF draw of the model's distribution (Hugging Face's own temperature,
     top-k and top-p warpers) with uniform ``u(seed, p)``. One full forward per token, no cache.
 
-    Only the definition of the random stream (:func:`bastion.core.sampling.position_uniforms`) comes
+    Only the definition of the random stream (:func:`bastion.contract.sampling.position_uniforms`) comes
     from bastion: what a seed means is part of its contract."""
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    from bastion.core.sampling import position_uniforms
+    from bastion.contract.sampling import position_uniforms
 
     warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
     if top_k:

@@ -6,7 +6,7 @@ drives them:
 
 - :mod:`bastion.training.corpus`    documents from the mixed corpus (code, math, chat) and the chat format
 - :mod:`bastion.training.tokenizer` the tokenizer trainer (special tokens incl. the drafter's mask token)
-- :mod:`bastion.training.target`    the target trainer (resumable, seeded)
+- :mod:`bastion.training.target_model`    the target trainer (resumable, seeded)
 - :mod:`bastion.training.distill`   the target's own greedy continuations of training prompts
 - :mod:`bastion.training.drafter`   the drafter trainer (blocks ``[anchor, MASK x (B-1)]`` over target features)
 - :mod:`bastion.training.export`    half-precision copies for shipping inside the package

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from attrs import field, frozen
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["TrainingBlocks", "make_training_blocks"]
 

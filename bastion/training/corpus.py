@@ -20,8 +20,8 @@ from typing import Iterator, Sequence
 
 import attrs
 
-from bastion.core.folders import data_file, default_data_dir
-from bastion.core.errors import InvalidInputError
+from bastion.utils.folders import data_file, default_data_dir
+from bastion.contract.errors import InvalidInputError
 from bastion.training.chat import EOS, chat_text, prompt_text
 
 __all__ = [

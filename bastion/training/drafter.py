@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from bastion.core.checks import positive_number
-from bastion.core.errors import InvalidInputError
+from bastion.utils.checks import positive_number
+from bastion.contract.errors import InvalidInputError
 from bastion.distributed import DistContext, barrier
 from bastion.training.distill import DistillSequence
 from bastion.training.features import FeatureSource, OnlineFeatures, target_features

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 from bastion.drafters.eagle3.config import Eagle3Config, default_feature_layers
 from bastion.drafters.eagle3.model import Eagle3DraftModel, Eagle3KV
 from bastion.training.distill import DistillSequence

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 from attrs import field, frozen
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["AcceptanceEvalConfig", "acceptance_eval"]
 
@@ -62,7 +62,7 @@ def acceptance_eval(target_model: Any, draft_model: Any, tokenizer: Any, config:
     own greedy decoding. The draft model is left in train mode afterwards."""
     from bastion.bench.metrics import ALL_DATASETS
     from bastion.bench.runner import run_bench
-    from bastion.core.hf_target import HFTarget
+    from bastion.huggingface.causal_lm import HFTarget
     from bastion.drafters.dflash import DFlashDrafter
 
     was_training = draft_model.training

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from bastion.core.dtypes import dtype_name as core_dtype_name
-from bastion.core.errors import InvalidFileError, InvalidInputError
-from bastion.core.files import read_json_object
+from bastion.utils.dtypes import dtype_name as core_dtype_name
+from bastion.contract.errors import InvalidFileError, InvalidInputError
+from bastion.utils.files import read_json_object
 from bastion.distributed import DistContext, barrier
 from bastion.training.distill import DistillSequence
 

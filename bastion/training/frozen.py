@@ -2,7 +2,7 @@
 
 ``load_frozen_target`` takes a local directory or a hub id (no remote code), keeps the checkpoint's own
 dtype unless told otherwise (a float16 checkpoint trained on a CPU computes in float32, see
-:func:`bastion.core.dtypes.auto_dtype`), moves it to the training device and freezes it. ``resolve_mask_token``
+:func:`bastion.utils.dtypes.auto_dtype`), moves it to the training device and freezes it. ``resolve_mask_token``
 picks the drafter's mask token: an explicit id, else the tokenizer's mask token.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from bastion.core.dtypes import CLI_DTYPES
-from bastion.core.dtypes import parse_dtype as parse_core_dtype
-from bastion.core.errors import InvalidInputError
+from bastion.utils.dtypes import CLI_DTYPES
+from bastion.utils.dtypes import parse_dtype as parse_core_dtype
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["DTYPES", "parse_dtype", "load_frozen_target", "load_target_tokenizer", "resolve_mask_token", "freeze"]
 
@@ -43,7 +43,7 @@ def load_frozen_target(name: str | Path, device: torch.device | str = "cpu", dty
     for a float16 checkpoint on a CPU, logged on ``bastion.dtype``), on ``device``, frozen."""
     from transformers import AutoModelForCausalLM
 
-    from bastion.core.hf_target import compute_in_auto_dtype
+    from bastion.huggingface.causal_lm import compute_in_auto_dtype
 
     load_dtype = parse_dtype(dtype)
     try:

@@ -9,16 +9,16 @@ from typing import Any
 
 import torch
 
-from bastion.core.errors import InvalidFileError
-from bastion.core.files import atomic_path
+from bastion.contract.errors import InvalidFileError
+from bastion.utils.files import atomic_path
 
 __all__ = ["seed_everything", "lr_at", "save_checkpoint", "load_checkpoint", "resume", "set_threads"]
 
 
 def seed_everything(seed: int) -> None:
     """Seed Python's and torch's generators; ``seed`` follows the rule of every seed (an int in
-    [0, 2**64), :func:`bastion.core.checks.check_seed`)."""
-    from bastion.core.checks import check_seed
+    [0, 2**64), :func:`bastion.utils.checks.check_seed`)."""
+    from bastion.utils.checks import check_seed
 
     seed = check_seed(seed, name="--seed")
     random.seed(seed)
@@ -27,8 +27,8 @@ def seed_everything(seed: int) -> None:
 
 def set_threads(threads: int | None) -> None:
     """torch's CPU threads (``--threads``); None leaves torch's choice. Not an int >= 1 raises
-    :class:`~bastion.core.errors.InvalidInputError` naming ``--threads``."""
-    from bastion.core.checks import check_int
+    :class:`~bastion.contract.errors.InvalidInputError` naming ``--threads``."""
+    from bastion.utils.checks import check_int
 
     if threads is not None:
         torch.set_num_threads(check_int("--threads", threads))

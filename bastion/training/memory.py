@@ -19,7 +19,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from bastion.core.hf_config import DecoderShape
+from bastion.huggingface.configs import DecoderShape
 
 __all__ = ["MemoryPlan", "memory_plan", "parameter_count"]
 

@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bastion.core.chat import check_messages
-from bastion.core.errors import InvalidInputError
-from bastion.core.files import read_text_file
-from bastion.core.text import split_jsonl_lines
+from bastion.utils.chat import check_messages
+from bastion.contract.errors import InvalidInputError
+from bastion.utils.files import read_text_file
+from bastion.utils.text import split_jsonl_lines
 
 __all__ = ["USER_SOURCE", "read_user_prompts", "render_row"]
 

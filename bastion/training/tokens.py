@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from bastion.core.files import atomic_path, warn_cache
+from bastion.utils.files import atomic_path, warn_cache
 from bastion.training.corpus import Document
 
 __all__ = ["encode_documents", "load_or_encode", "cached_token_array", "sample_windows", "eval_windows"]
@@ -30,7 +30,7 @@ def load_or_encode(path: Path, tokenizer, docs: Sequence[Document]) -> np.ndarra
 def cached_token_array(path: Path, build: Callable[[], np.ndarray], *, vocab_size: int) -> np.ndarray:
     """The token-id array cached at ``path`` when it is a valid one (a 1-D integer ``.npy`` with ids in
     ``[0, vocab_size)``), else ``build()``, written atomically so an interrupted run never leaves a torn
-    cache. A broken cache warns (:class:`~bastion.core.files.CacheWarning`) and is rebuilt."""
+    cache. A broken cache warns (:class:`~bastion.utils.files.CacheWarning`) and is rebuilt."""
     path = Path(path)
     if path.exists():
         problem = _token_cache_problem(path, vocab_size)

@@ -9,10 +9,10 @@ is not always A_hat-optimal; it is here as a baseline.
 
 from __future__ import annotations
 
-from bastion.core.errors import InvalidInputError
-from bastion.core.interfaces import TreeBuilder
-from bastion.core.tree import Tree
-from bastion.core.types import Marginals
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.interfaces import TreeBuilder
+from bastion.contract.tree import Tree
+from bastion.contract.types import Marginals
 from bastion.trees.common import NEG_INF, check_build_args, check_optional_positive, make_tree, top_candidates
 
 __all__ = ["BeamBuilder"]

@@ -19,11 +19,11 @@ import heapq
 
 import torch
 
-from bastion.core.candidates import CandidateTree
-from bastion.core.interfaces import TreeBuilder
-from bastion.core.sync import to_device
-from bastion.core.tree import Tree
-from bastion.core.types import Marginals
+from bastion.contract.candidates import CandidateTree
+from bastion.contract.interfaces import TreeBuilder
+from bastion.utils.sync import to_device
+from bastion.contract.tree import Tree
+from bastion.contract.types import Marginals
 from bastion.trees.candidates import check_candidate_args, select_best_first
 from bastion.trees.common import NEG_INF, Candidates, check_build_args, check_optional_positive, make_tree, top_candidates
 

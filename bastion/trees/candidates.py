@@ -9,9 +9,9 @@ candidates with n nodes: any such subtree holds n candidates, and no n candidate
 
 from __future__ import annotations
 
-from bastion.core.candidates import CandidateTree
-from bastion.core.errors import InvalidInputError
-from bastion.core.tree import Tree
+from bastion.contract.candidates import CandidateTree
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.tree import Tree
 from bastion.trees.common import NEG_INF, check_max_nodes, make_tree
 
 __all__ = ["check_candidate_args", "select_best_first", "select_chain"]

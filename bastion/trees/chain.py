@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from bastion.core.candidates import CandidateTree
-from bastion.core.interfaces import TreeBuilder
-from bastion.core.tree import Tree
-from bastion.core.types import Marginals
+from bastion.contract.candidates import CandidateTree
+from bastion.contract.interfaces import TreeBuilder
+from bastion.contract.tree import Tree
+from bastion.contract.types import Marginals
 from bastion.trees.candidates import check_candidate_args, select_chain
 from bastion.trees.common import NEG_INF, check_build_args, check_optional_positive, make_tree, top_candidates
 

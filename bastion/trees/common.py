@@ -7,7 +7,7 @@ Every built-in builder works in two phases:
    independent given the context, these are the only tokens any optimal tree can use at that depth.
    The two ``[D, k]`` results travel to the host in ONE transfer.
 2. **Selection (host).** Plain Python floats and ints decide the tree shape (a heap for best-first, a
-   sort for static and beam trees); the result is packed into a :class:`~bastion.core.tree.Tree` on the
+   sort for static and beam trees); the result is packed into a :class:`~bastion.contract.tree.Tree` on the
    marginals' device.
 
 Zero-probability candidates (log-probability ``-inf``, e.g. banned tokens) never become nodes.
@@ -21,12 +21,12 @@ from typing import Sequence
 
 import torch
 
-from bastion.core.candidates import CandidateTree
-from bastion.core.checks import check_int
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.core.sync import to_device, to_host
-from bastion.core.tree import HostTree, Tree
-from bastion.core.types import Marginals
+from bastion.contract.candidates import CandidateTree
+from bastion.utils.checks import check_int
+from bastion.contract.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.utils.sync import to_device, to_host
+from bastion.contract.tree import HostTree, Tree
+from bastion.contract.types import Marginals
 
 __all__ = ["Candidates", "check_build_args", "check_max_nodes", "check_optional_positive", "top_candidates", "make_tree"]
 

@@ -23,11 +23,11 @@ from __future__ import annotations
 import itertools
 from typing import Iterable, Sequence
 
-from bastion.core.checks import check_int
-from bastion.core.errors import InvalidInputError
-from bastion.core.interfaces import TreeBuilder
-from bastion.core.tree import Tree
-from bastion.core.types import Marginals
+from bastion.utils.checks import check_int
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.interfaces import TreeBuilder
+from bastion.contract.tree import Tree
+from bastion.contract.types import Marginals
 from bastion.trees.common import NEG_INF, check_build_args, make_tree, top_candidates
 
 __all__ = ["StaticBuilder", "DEFAULT_CHOICES", "choices_from_branching", "default_choices"]

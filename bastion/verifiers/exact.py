@@ -20,12 +20,12 @@ from typing import Sequence
 
 import torch
 
-from bastion.core.errors import InvalidInputError
-from bastion.core.interfaces import Verifier
-from bastion.core.sampling import sample_rows, sample_tokens
-from bastion.core.sync import to_host
-from bastion.core.tree import Tree
-from bastion.core.types import SamplingConfig, Verdict
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.interfaces import Verifier
+from bastion.contract.sampling import sample_rows, sample_tokens
+from bastion.utils.sync import to_host
+from bastion.contract.tree import Tree
+from bastion.contract.types import SamplingConfig, Verdict
 
 __all__ = ["ExactVerifier", "walk_tree"]
 

@@ -20,11 +20,11 @@ from attrs import field, frozen
 
 from bastion.controllers.latency.fit import FitResult
 from bastion.controllers.latency.roofline import RooflineLatency
-from bastion.core.errors import InvalidInputError
-from bastion.core.sampling import seeded_generator
-from bastion.core.sync import device_sync
-from bastion.core.target import Target
-from bastion.core.tree import Tree
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.sampling import seeded_generator
+from bastion.utils.sync import device_sync
+from bastion.contract.target import Target
+from bastion.contract.tree import Tree
 
 __all__ = [
     "DEFAULT_SIZES",

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from attrs import field, frozen
 
-from bastion.core.checks import positive_int
-from bastion.core.dtypes import dtype_bytes
-from bastion.core.hf_config import DecoderShape
+from bastion.utils.checks import positive_int
+from bastion.utils.dtypes import dtype_bytes
+from bastion.huggingface.configs import DecoderShape
 
 __all__ = ["ModelCost", "dtype_bytes"]
 

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from bastion.core.checks import positive_number
-from bastion.core.dtypes import dtype_bytes, dtype_name, parse_dtype
-from bastion.core.errors import InvalidInputError
-from bastion.core.files import update_json_cache
-from bastion.core.folders import cache_dir
-from bastion.core.sync import device_sync
+from bastion.utils.checks import positive_number
+from bastion.utils.dtypes import dtype_bytes, dtype_name, parse_dtype
+from bastion.contract.errors import InvalidInputError
+from bastion.utils.files import update_json_cache
+from bastion.utils.folders import cache_dir
+from bastion.utils.sync import device_sync
 
 __all__ = ["DevicePeaks", "GPU_TABLE", "NO_PROBE_ENV", "device_name", "device_peaks", "lookup_gpu", "probe_device"]
 

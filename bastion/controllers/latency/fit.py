@@ -28,8 +28,8 @@ import math
 import numpy as np
 from attrs import field, frozen
 
-from bastion.core.checks import finite_non_negative
-from bastion.core.errors import InvalidInputError
+from bastion.utils.checks import finite_non_negative
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["RooflineParams", "FitResult", "fit_roofline"]
 

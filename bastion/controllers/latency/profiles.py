@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bastion.core.files import read_json_cache, update_json_cache, warn_cache
-from bastion.core.folders import cache_dir
+from bastion.utils.files import read_json_cache, update_json_cache, warn_cache
+from bastion.utils.folders import cache_dir
 
 __all__ = ["PROFILE_FILE", "default_profile_path", "profile_key", "read_profiles", "load_profile", "save_profile"]
 
@@ -21,7 +21,7 @@ _VERSION = 1
 
 
 def default_profile_path() -> Path:
-    """``<user cache dir>/bastion/latency_profiles.json`` (see :func:`bastion.core.folders.cache_dir`)."""
+    """``<user cache dir>/bastion/latency_profiles.json`` (see :func:`bastion.utils.folders.cache_dir`)."""
     return cache_dir() / PROFILE_FILE
 
 
@@ -32,7 +32,7 @@ def profile_key(device: str, model: str) -> str:
 def read_profiles(path: str | Path) -> dict[str, dict[str, Any]]:
     """All well-formed profiles in ``path`` (empty when the file does not exist). The file is an optional
     cache: when it is not valid JSON or not shaped as profiles, or an entry is not an object, that part
-    is ignored with a :class:`~bastion.core.files.CacheWarning`."""
+    is ignored with a :class:`~bastion.utils.files.CacheWarning`."""
     path = Path(path)
     data = read_json_cache(path, "latency profile file")
     if data is None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["ResidualTable"]
 

@@ -25,14 +25,14 @@ from bastion.controllers.latency.devices import DevicePeaks, device_name, device
 from bastion.controllers.latency.fit import FitResult, RooflineParams, fit_roofline
 from bastion.controllers.latency.profiles import default_profile_path, load_profile, save_profile
 from bastion.controllers.latency.residual import ResidualTable
-from bastion.core.checks import check_int, check_number
-from bastion.core.errors import InvalidInputError
-from bastion.core.files import warn_cache
-from bastion.core.interfaces import LatencyModel
-from bastion.core.running import RobustLevel
+from bastion.utils.checks import check_int, check_number
+from bastion.contract.errors import InvalidInputError
+from bastion.utils.files import warn_cache
+from bastion.contract.interfaces import LatencyModel
+from bastion.utils.running import RobustLevel
 
 if TYPE_CHECKING:
-    from bastion.core.target import Target
+    from bastion.contract.target import Target
 
 __all__ = ["RooflineLatency", "prior_params"]
 
@@ -301,7 +301,7 @@ class RooflineLatency(LatencyModel):
         """Store one timing with its ideal times, its residual-grid key (tokens, context) and the load
         it ran under.
 
-        The load factor is a robust level (:class:`~bastion.core.running.RobustLevel`) of measured /
+        The load factor is a robust level (:class:`~bastion.utils.running.RobustLevel`) of measured /
         modelled time: the median of recent timings, so a burst of foreign load does not move it, and a
         run of ``shift_run`` timings more than ``shift_ratio`` off it on one side (a lasting change)
         restarts it from that run. A timing that far off the load while no change is under way is held

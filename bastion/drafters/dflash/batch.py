@@ -13,10 +13,10 @@ from typing import Sequence
 
 import torch
 
-from bastion.core.batching import DraftBatch
-from bastion.core.errors import InvalidInputError
-from bastion.core.sync import to_device
-from bastion.core.types import DraftContext, DraftStep, Marginals
+from bastion.contract.batch_state import DraftBatch
+from bastion.contract.errors import InvalidInputError
+from bastion.utils.sync import to_device
+from bastion.contract.types import DraftContext, DraftStep, Marginals
 from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
 
 __all__ = ["DFlashDraftBatch"]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from bastion.core.errors import InvalidInputError
-from bastion.core.files import FLOAT_DTYPES, float_weight_error, read_json_object, read_safetensors_header, safetensors_files
+from bastion.contract.errors import InvalidInputError
+from bastion.utils.files import FLOAT_DTYPES, float_weight_error, read_json_object, read_safetensors_header, safetensors_files
 from bastion.drafters.checkpoints import load_safetensors_file, resolve_checkpoint_folder
 
 #: the file names of a DFlash checkpoint folder
@@ -43,7 +43,7 @@ def is_dflash_checkpoint(path: str | Path) -> bool:
 
 
 def weight_files(directory: str | Path) -> list[Path]:
-    """The safetensors files of a checkpoint directory (see :func:`bastion.core.files.safetensors_files`)."""
+    """The safetensors files of a checkpoint directory (see :func:`bastion.utils.files.safetensors_files`)."""
     files = safetensors_files(directory)
     if not files:
         raise InvalidInputError(f"DFlash checkpoint {directory} has no .safetensors weights")

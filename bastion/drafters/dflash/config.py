@@ -10,10 +10,10 @@ from typing import Any, Mapping, Sequence
 import torch.nn.functional as F
 from attrs import field, frozen
 
-from bastion.core.checks import positive_int
-from bastion.core.errors import InvalidFileError, InvalidInputError
-from bastion.core.files import read_json_object
-from bastion.core.hf_config import DecoderShape, config_dict, config_value
+from bastion.utils.checks import positive_int
+from bastion.contract.errors import InvalidFileError, InvalidInputError
+from bastion.utils.files import read_json_object
+from bastion.huggingface.configs import DecoderShape, config_dict, config_value
 from bastion.drafters.dflash.checkpoint import CONFIG_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, resolve_checkpoint_dir
 
 __all__ = ["DFlashConfig", "MAX_BLOCK_SIZE", "default_target_layer_ids", "CONFIG_NAME", "WEIGHTS_NAME", "WEIGHTS_INDEX_NAME"]

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from bastion.core.errors import InvalidInputError
-from bastion.core.interfaces import Drafter
-from bastion.core.types import DraftContext, DraftStep, Marginals
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.interfaces import Drafter
+from bastion.contract.types import DraftContext, DraftStep, Marginals
 from bastion.drafters.dflash.checkpoint import is_dflash_checkpoint
 from bastion.drafters.dflash.batch import DFlashDraftBatch
 from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
 from bastion.drafters.network import bind_network, load_draft_network
 
 if TYPE_CHECKING:
-    from bastion.core.target import Target
+    from bastion.contract.target import Target
 
 __all__ = ["DFlashDrafter"]
 
@@ -103,7 +103,7 @@ class DFlashDrafter(Drafter):
 
     Options: ``checkpoint`` (path / hub id / model), ``device``, ``dtype`` (``torch.dtype`` or a name such
     as ``"bfloat16"``; ``None`` or ``"auto"`` keeps the checkpoint's, except a float16 checkpoint loaded
-    on a CPU, which computes in float32: see :func:`bastion.core.dtypes.auto_dtype`), ``block_size``
+    on a CPU, which computes in float32: see :func:`bastion.utils.dtypes.auto_dtype`), ``block_size``
     (draft a shorter block than the checkpoint's, >= 2).
     """
 

@@ -62,8 +62,8 @@ import torch
 from attrs import field, frozen
 from torch import nn
 
-from bastion.core.errors import CheckpointMismatchError, InvalidInputError
-from bastion.core.files import read_json_object
+from bastion.contract.errors import CheckpointMismatchError, InvalidInputError
+from bastion.utils.files import read_json_object
 from bastion.drafters.dflash.checkpoint import load_dflash_state_dict, read_weight_shapes, resolve_checkpoint_dir
 from bastion.drafters.dflash.config import _ACTIVATIONS, CONFIG_NAME, WEIGHTS_NAME, DFlashConfig
 from bastion.drafters.dflash.decode import DecodePlan, decode_layers

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from attrs import field, frozen
 
-from bastion.core.errors import InvalidFileError
-from bastion.core.files import read_json_object, read_safetensors_header, safetensors_files
+from bastion.contract.errors import InvalidFileError
+from bastion.utils.files import read_json_object, read_safetensors_header, safetensors_files
 from bastion.drafters.checkpoints import load_safetensors_file, resolve_checkpoint_folder
 from bastion.drafters.eagle3.config import CONFIG_NAME, Eagle3Config
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from attrs import field, frozen
 
-from bastion.core.errors import InvalidFileError, InvalidInputError
+from bastion.contract.errors import InvalidFileError, InvalidInputError
 
 __all__ = ["Eagle3Config", "default_feature_layers", "CONFIG_NAME"]
 

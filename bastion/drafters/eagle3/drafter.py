@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING
 import torch
 from attrs import frozen
 
-from bastion.core.candidates import CandidateTree
-from bastion.core.errors import InvalidInputError
-from bastion.core.interfaces import Drafter
-from bastion.core.types import DraftContext, DraftStep
+from bastion.contract.candidates import CandidateTree
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.interfaces import Drafter
+from bastion.contract.types import DraftContext, DraftStep
 from bastion.drafters.eagle3.checkpoint import is_eagle3_checkpoint
 from bastion.drafters.eagle3.config import check_positive
 from bastion.drafters.eagle3.model import Eagle3DraftModel, Eagle3KV
@@ -56,7 +56,7 @@ from bastion.drafters.model.stopping import pays_for_depth, predicted_children
 from bastion.drafters.network import bind_network, load_draft_network
 
 if TYPE_CHECKING:
-    from bastion.core.target import Target
+    from bastion.contract.target import Target
 
 __all__ = ["Eagle3Drafter"]
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 from bastion.drafters.eagle3.checkpoint import Eagle3Checkpoint, load_eagle3_checkpoint
 from bastion.drafters.eagle3.config import CONFIG_NAME, Eagle3Config
 from bastion.drafters.network import DraftNetwork, RMSNorm, rope_inv_freq

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from bastion.core.errors import InvalidInputError
-from bastion.core.hf_compat import cache_kwargs
+from bastion.contract.errors import InvalidInputError
+from bastion.huggingface.compat import cache_kwargs
 
 __all__ = ["DraftKV"]
 

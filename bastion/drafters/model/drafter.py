@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bastion.core.candidates import CandidateTree
-from bastion.core.checks import check_device, check_number
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.core.interfaces import Drafter
-from bastion.core.types import DraftContext, DraftStep
+from bastion.contract.candidates import CandidateTree
+from bastion.utils.checks import check_device, check_number
+from bastion.contract.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.contract.interfaces import Drafter
+from bastion.contract.types import DraftContext, DraftStep
 from bastion.drafters.dtypes import as_dtype
 from bastion.drafters.model.cache import DraftKV
 from bastion.drafters.model.stopping import pays_for_depth, predicted_children, predicted_gain, worth_expanding
 
 if TYPE_CHECKING:
-    from bastion.core.target import Target
+    from bastion.contract.target import Target
 
 __all__ = ["ModelDrafter", "load_causal_lm"]
 
@@ -48,8 +48,8 @@ def load_causal_lm(checkpoint: Any, device: str | torch.device | None, dtype: to
     """A causal LM from a local directory, a hub id or an already loaded model (moved to ``device`` /
     ``dtype`` when given), in eval mode with an attention implementation that takes a 4D tree mask. A
     checkpoint loaded with no dtype keeps its stored one, except float16 loaded onto a CPU ``device``:
-    float32 (see :func:`bastion.core.dtypes.auto_dtype`)."""
-    from bastion.core.hf_target import SUPPORTED_ATTENTION, check_finite_weights, load_checked_causal_lm
+    float32 (see :func:`bastion.utils.dtypes.auto_dtype`)."""
+    from bastion.huggingface.causal_lm import SUPPORTED_ATTENTION, check_finite_weights, load_checked_causal_lm
 
     dt = as_dtype(dtype)
     if device is not None:
@@ -59,7 +59,7 @@ def load_causal_lm(checkpoint: Any, device: str | torch.device | None, dtype: to
         # has no embedding or head) and absurd config sizes are named before anything decodes
         model = load_checked_causal_lm(checkpoint, "the draft model", dtype=dt or "auto", attn_implementation="sdpa")
         if dt is None and device is not None:  # auto: the stored dtype, but float32 for float16 on a CPU
-            from bastion.core.hf_target import compute_in_auto_dtype
+            from bastion.huggingface.causal_lm import compute_in_auto_dtype
 
             model = compute_in_auto_dtype(model, device, f"draft model {str(checkpoint)!r}")
         check_finite_weights(model, checkpoint)

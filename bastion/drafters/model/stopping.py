@@ -28,7 +28,7 @@ import heapq
 import math
 from typing import Sequence
 
-from bastion.core.types import SpeedupEstimator
+from bastion.contract.types import SpeedupEstimator
 
 __all__ = ["predicted_children", "predicted_gain", "pays_for_depth", "worth_expanding"]
 

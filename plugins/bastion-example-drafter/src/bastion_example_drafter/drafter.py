@@ -14,7 +14,7 @@ import math
 import torch
 
 from bastion.core import DraftContext, DraftStep, Drafter, InvalidInputError, Marginals
-from bastion.core.target import Target
+from bastion.contract.target import Target
 
 __all__ = ["NGramDrafter"]
 

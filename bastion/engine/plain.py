@@ -12,11 +12,13 @@ from typing import Any, Sequence
 
 import torch
 
-from bastion.core.batch_costs import BatchCosts
-from bastion.core.errors import InvalidInputError
-from bastion.core.interfaces import LatencyModel
-from bastion.core.target import Target
-from bastion.core.types import GenerationResult, SamplingConfig
+from bastion.engine.costs import BatchCosts
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.interfaces import LatencyModel
+from bastion.contract.target import Target
+from bastion.contract.types import GenerationResult, SamplingConfig
+from bastion.engine.engine import Engine
+from bastion.engine.params import GenerationConfig, SamplingParams
 
 __all__ = ["decode_plain_batch"]
 
@@ -35,7 +37,7 @@ class PlainComponents:
     """The components the engine reads to decode with ``target`` alone (no drafter, no tokenizer)."""
 
     def __init__(self, target: Target) -> None:
-        from bastion.core.registry import registry
+        from bastion.contract.registry import registry
 
         self.target = target
         self.tokenizer: Any = None
@@ -61,8 +63,6 @@ def decode_plain_batch(
 ) -> list[GenerationResult] | None:
     """Decode ``prompts`` (each LongTensor [1, L_i]) with the target alone in one engine batch; row i
     seeded with ``seeds[i]``. ``None`` when the target has no batched state."""
-    from bastion.engine import Engine, GenerationConfig, SamplingParams
-
     if type(target).open_batch is Target.open_batch:
         return None
     engine = Engine(PlainComponents(target), prefill_tokens=max(int(p.shape[-1]) for p in prompts) * len(prompts))  # type: ignore[arg-type]

@@ -18,14 +18,14 @@ from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 import attrs
 import torch
 
-from bastion.core.batch_costs import BatchCosts
-from bastion.core.blame import blame
-from bastion.core.candidates import CandidateTree, check_pairing
-from bastion.core.chat import chat_ids, user_turn
-from bastion.core.checks import check_int, check_marginals, check_max_nodes, check_token_ids, check_tokenizer
-from bastion.core.dtypes import parse_dtype
-from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError
-from bastion.core.interfaces import (
+from bastion.engine.costs import BatchCosts
+from bastion.engine.blame import blame
+from bastion.contract.candidates import CandidateTree, check_pairing
+from bastion.utils.chat import chat_ids, user_turn
+from bastion.utils.checks import check_int, check_marginals, check_max_nodes, check_token_ids, check_tokenizer
+from bastion.utils.dtypes import parse_dtype
+from bastion.contract.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError
+from bastion.contract.interfaces import (
     COMPONENT_INTERFACES,
     BudgetController,
     Drafter,
@@ -33,10 +33,11 @@ from bastion.core.interfaces import (
     TreeBuilder,
     Verifier,
 )
-from bastion.core.registry import Registry, registry as default_registry
-from bastion.core.target import Target
-from bastion.engine import Engine, GenerationConfig, SamplingParams, generation_config
-from bastion.core.types import (
+from bastion.contract.registry import Registry, registry as default_registry
+from bastion.contract.target import Target
+from bastion.engine.engine import Engine
+from bastion.engine.params import GenerationConfig, SamplingParams, generation_config
+from bastion.contract.types import (
     DraftContext,
     DraftStep,
     GenerationResult,
@@ -173,7 +174,7 @@ class Pipeline:
         or a checkpoint dir or hub id that a registered drafter claims (see
         :meth:`bastion.core.Drafter.claims_checkpoint`), loaded on the target's device and dtype.
         ``dtype="auto"`` keeps the checkpoint's dtype (but computes a float16 checkpoint on a CPU in
-        float32, see :func:`bastion.core.dtypes.auto_dtype`); ``device`` defaults to ``"cpu"`` for targets loaded
+        float32, see :func:`bastion.utils.dtypes.auto_dtype`); ``device`` defaults to ``"cpu"`` for targets loaded
         here. The tokenizer is loaded from the target's directory when it has one.
 
         ``device_map`` (``"auto"``, ``"balanced"``, ``"sequential"``, a device, or a module-to-device
@@ -181,9 +182,9 @@ class Pipeline:
         runs where the target's feature layers end up. Maps over several devices need ``accelerate``.
 
         ``compile`` (off by default): ``True``, a mapping of
-        :class:`~bastion.core.compiled_verify.CompileOptions` fields or options switch on the compiled
+        :class:`~bastion.huggingface.compiled_verify.CompileOptions` fields or options switch on the compiled
         verify path (see :meth:`compile_verify`)."""
-        from bastion.core.hf_target import HFTarget
+        from bastion.huggingface.causal_lm import HFTarget
 
         reg = registry or default_registry
         opts = {k: dict(v) for k, v in (component_options or {}).items()}
@@ -221,14 +222,14 @@ class Pipeline:
 
     def compile_verify(self, options: Any = True) -> Any:
         """Switch the target's compiled verify path on (``True``, a mapping of
-        :class:`~bastion.core.compiled_verify.CompileOptions` fields, or options) or off (``False``).
+        :class:`~bastion.huggingface.compiled_verify.CompileOptions` fields, or options) or off (``False``).
 
         The compiled graphs (CUDA graphs on CUDA) are per tree-size bucket, and the budget controller
         chooses among the same sizes: a controller with its own ``buckets`` lends them to the compiled
         path; one without (``buckets=None``) is given the compiled path's buckets. Returns the options in
         force (None: off). Switching off gives a controller that was given buckets its own back (none).
         Off by default until measured on the hardware at hand."""
-        from bastion.core.compiled_verify import compile_options
+        from bastion.huggingface.compiled_verify import compile_options
 
         switch = getattr(self.target, "compile_verify", None)
         if switch is None:
@@ -769,16 +770,16 @@ class BatchTextStream(Iterator[tuple[int, str]]):
 
 def as_target(target: Any) -> Target:
     """``target`` as a :class:`Target`: a Target is returned as it is; a loaded Hugging Face causal LM is
-    wrapped in :class:`~bastion.core.hf_target.HFTarget`."""
+    wrapped in :class:`~bastion.huggingface.causal_lm.HFTarget`."""
     if isinstance(target, Target):
         return target
     if isinstance(target, torch.nn.Module) and hasattr(target, "config"):
-        from bastion.core.hf_target import HFTarget
+        from bastion.huggingface.causal_lm import HFTarget
 
         return HFTarget(target)
     raise InvalidInputError(
         f"target must be a bastion.core.Target or a loaded Hugging Face causal LM (wrapped in "
-        f"bastion.core.hf_target.HFTarget), got {type(target).__name__}; Pipeline.from_pretrained also "
+        f"bastion.huggingface.causal_lm.HFTarget), got {type(target).__name__}; Pipeline.from_pretrained also "
         "takes a directory or hub id"
     )
 

@@ -17,8 +17,8 @@ import attrs
 import torch
 from tqdm import tqdm
 
-from bastion.core.checks import positive_number
-from bastion.core.sampling import seeded_generator
+from bastion.utils.checks import positive_number
+from bastion.contract.sampling import seeded_generator
 from bastion.training.loop import clipped_step, lr_at, resume, save_checkpoint, seed_everything, set_lr
 from bastion.training.tokens import eval_windows, sample_windows
 

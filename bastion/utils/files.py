@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import warnings
 from typing import Any, Callable, Iterator
 
-from bastion.core.errors import FileSystemError, InvalidFileError, InvalidInputError
+from bastion.contract.errors import FileSystemError, InvalidFileError, InvalidInputError
 
 __all__ = [
     "read_text_file",

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from bastion.core.batching import BatchPrefill, BatchTargetOutput, TargetBatch
-from bastion.core.errors import InvalidInputError
-from bastion.core.kv_slab import SlabLayer, slab_cache
-from bastion.core.tree import Tree
+from bastion.contract.batch_state import BatchPrefill, BatchTargetOutput, TargetBatch
+from bastion.contract.errors import InvalidInputError
+from bastion.huggingface.kv_slab import SlabLayer, slab_cache
+from bastion.contract.tree import Tree
 
 if TYPE_CHECKING:
-    from bastion.core.target import Target
+    from bastion.contract.target import Target
 
 __all__ = ["HFTargetBatch", "padded_ancestors"]
 

@@ -2,7 +2,7 @@
 
 Signatures are fixed: optional per-call context travels inside typed objects (``DraftStep``,
 ``SamplingConfig``), never as extra positional arguments on a subclass. Implementations register through
-the ``bastion_register_components`` hook (see :mod:`bastion.core.hookspecs`).
+the ``bastion_register_components`` hook (see :mod:`bastion.contract.hookspecs`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 import torch
 from attrs import field, frozen
 
-from bastion.core.candidates import CandidateTree
-from bastion.core.tree import Tree
-from bastion.core.types import DraftContext, DraftStep, Marginals, SamplingConfig, SpeedupEstimator, StepFeedback, Verdict
+from bastion.contract.candidates import CandidateTree
+from bastion.contract.tree import Tree
+from bastion.contract.types import DraftContext, DraftStep, Marginals, SamplingConfig, SpeedupEstimator, StepFeedback, Verdict
 
 if TYPE_CHECKING:
-    from bastion.core.batching import DraftBatch
-    from bastion.core.target import Target
+    from bastion.contract.batch_state import DraftBatch
+    from bastion.contract.target import Target
 
 __all__ = [
     "COMPONENT_INTERFACES",
@@ -58,7 +58,7 @@ class Drafter(abc.ABC):
 
     def bind(self, target: "Target") -> None:  # noqa: B027 - optional hook
         """Attach to the target (borrow embeddings / lm head, check compatibility). Raise
-        :class:`bastion.core.errors.IncompatibleComponentsError` when the two cannot work together."""
+        :class:`bastion.contract.errors.IncompatibleComponentsError` when the two cannot work together."""
 
     @property
     @abc.abstractmethod
@@ -111,12 +111,12 @@ class Drafter(abc.ABC):
 
     def open_batch(self, contexts: Sequence[DraftContext]) -> "DraftBatch":
         """Start a batch of sequences, one :class:`DraftContext` per row -> a
-        :class:`~bastion.core.batching.DraftBatch`.
+        :class:`~bastion.contract.batch_state.DraftBatch`.
 
         The default drives one :meth:`fork` per row through the single-sequence methods (correct for
         every drafter, one drafter call per row per step). Override it to draft every row in one
         forward (the built-in DFlash drafter does)."""
-        from bastion.core.batching import LoopDraftBatch
+        from bastion.contract.batch_state import LoopDraftBatch
 
         return LoopDraftBatch(self, contexts)
 

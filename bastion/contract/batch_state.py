@@ -2,9 +2,9 @@
 
 A batched decode opens one state object per component for the whole batch:
 
-* :meth:`bastion.core.target.Target.open_batch` -> a :class:`TargetBatch` (ragged contexts in one padded
+* :meth:`bastion.contract.target.Target.open_batch` -> a :class:`TargetBatch` (ragged contexts in one padded
   cache; one forward per step over every row's tree);
-* :meth:`bastion.core.interfaces.Drafter.open_batch` -> a :class:`DraftBatch` (per-row draft contexts;
+* :meth:`bastion.contract.interfaces.Drafter.open_batch` -> a :class:`DraftBatch` (per-row draft contexts;
   one :meth:`DraftBatch.propose` per step for every row).
 
 Rows are addressed by their index in the *current* batch; :meth:`keep` drops finished rows (and
@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 import torch
 from attrs import field, frozen
 
-from bastion.core.types import DraftContext, DraftStep, Marginals
+from bastion.contract.types import DraftContext, DraftStep, Marginals
 
 if TYPE_CHECKING:
-    from bastion.core.tree import Tree
+    from bastion.contract.tree import Tree
 
 __all__ = ["BatchPrefill", "BatchTargetOutput", "TargetBatch", "DraftBatch", "LoopDraftBatch", "SoloTargetBatch", "SoloDraftBatch"]
 
@@ -82,7 +82,7 @@ class TargetBatch(abc.ABC):
         prefilled in chunks) -> (the logits after the last of them [1, V], their features [k, F] or
         None). The default runs them as a chain tree through :meth:`forward_trees` and commits it;
         override it to skip the logits of all but the last position (``HFTargetBatch`` does)."""
-        from bastion.core.tree import Tree
+        from bastion.contract.tree import Tree
 
         if self.batch_size != 1:
             raise ValueError(f"prefill_more() extends a batch of one row, this one has {self.batch_size}")
@@ -107,7 +107,7 @@ class TargetBatch(abc.ABC):
         ``ctx_i``) -> logits [B, 1, V] (features [B, 1, F]); the cache holds the entries until
         :meth:`commit_next`. The default runs :meth:`forward_trees` on one-node trees; override it to
         skip building B trees per step (``HFTargetBatch`` does)."""
-        from bastion.core.tree import Tree
+        from bastion.contract.tree import Tree
 
         trees = [Tree.from_parents(tokens[i : i + 1], [-1]) for i in range(int(tokens.shape[0]))]
         return self.forward_trees(trees, feature_layers)
@@ -124,7 +124,7 @@ class DraftBatch(abc.ABC):
 
     @abc.abstractmethod
     def propose(self, steps: Sequence[DraftStep]) -> list[Marginals]:
-        """Marginals per row (see :meth:`bastion.core.interfaces.Drafter.propose`)."""
+        """Marginals per row (see :meth:`bastion.contract.interfaces.Drafter.propose`)."""
 
     @abc.abstractmethod
     def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor | None]) -> None:
@@ -150,7 +150,7 @@ class DraftBatch(abc.ABC):
 
 class SequenceDrafter(Protocol):
     """What :class:`LoopDraftBatch` calls on a drafter: its single-sequence methods (every
-    :class:`bastion.core.interfaces.Drafter` has them)."""
+    :class:`bastion.contract.interfaces.Drafter` has them)."""
 
     def fork(self) -> "SequenceDrafter": ...
 
@@ -214,7 +214,7 @@ class SoloTargetBatch(TargetBatch):
         return BatchTargetOutput(out.logits[None], None if out.features is None else out.features[None])
 
     def forward_next(self, tokens: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> BatchTargetOutput:
-        from bastion.core.tree import Tree
+        from bastion.contract.tree import Tree
 
         (token,) = tokens.tolist()  # [1] a host tensor of the row's root (the engine builds it from ints)
         return self.forward_trees([Tree.root_only(token, self.target.device)], feature_layers)

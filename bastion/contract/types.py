@@ -14,7 +14,7 @@ import attrs
 import torch
 from attrs import field, frozen
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = [
     "Marginals",
@@ -82,7 +82,7 @@ class Marginals:
         # one reduction pass and one host transfer: amax propagates NaN, is +inf iff the row holds +inf,
         # and is -inf iff the whole row is -inf
         row_max = x.amax(dim=-1)  # [K]
-        from bastion.core.sync import to_host
+        from bastion.utils.sync import to_host
 
         bad_nan, bad_pos, bad_neg = to_host(
             torch.stack((torch.isnan(row_max).any(), torch.isposinf(row_max).any(), torch.isneginf(row_max).any())),
@@ -142,8 +142,8 @@ class SamplingConfig:
 
     ``temperature == 0`` means greedy (argmax). ``top_k == 0`` and ``top_p == 1.0`` disable those filters.
     ``uniforms``, when set, holds one uniform in [0, 1) per row of the logits this config samples: the
-    pipeline sets it per step from the seeded positional stream (:mod:`bastion.core.sampling`), and
-    :func:`bastion.core.sampling.sample_tokens` then samples row ``i`` by inverse CDF with ``uniforms[i]``.
+    pipeline sets it per step from the seeded positional stream (:mod:`bastion.contract.sampling`), and
+    :func:`bastion.contract.sampling.sample_tokens` then samples row ``i`` by inverse CDF with ``uniforms[i]``.
     """
 
     temperature: float = field(default=0.0, converter=_to_temperature)

@@ -23,9 +23,9 @@ import attrs
 import torch
 from attrs import field, frozen
 
-from bastion.core.checks import SEED_LIMIT, check_seed
-from bastion.core.errors import InvalidInputError
-from bastion.core.types import SamplingConfig
+from bastion.utils.checks import SEED_LIMIT, check_seed
+from bastion.contract.errors import InvalidInputError
+from bastion.contract.types import SamplingConfig
 
 __all__ = [
     "processed_log_probs",

@@ -36,7 +36,7 @@ def request_level(level: str | None) -> None:
     """Remember the ``--log-level`` of this run (None: the quiet default) for :func:`configure_logging`."""
     global _requested
     if level is not None and level.lower() not in LOG_LEVELS:
-        from bastion.core.errors import InvalidInputError
+        from bastion.contract.errors import InvalidInputError
 
         raise InvalidInputError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
     _requested = None if level is None else level.lower()

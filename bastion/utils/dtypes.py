@@ -9,7 +9,7 @@ from typing import Any
 from attrs import frozen
 import torch
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = [
     "AutoDtype",

@@ -1,7 +1,7 @@
-"""Hugging Face causal LM as a bastion :class:`~bastion.core.target.Target`.
+"""Hugging Face causal LM as a bastion :class:`~bastion.contract.target.Target`.
 
 The adapter owns one ``DynamicCache`` of committed tokens whose layers are preallocated and filled in
-place (:mod:`bastion.core.kv_slab`). A tree forward appends all ``n`` tree nodes
+place (:mod:`bastion.huggingface.kv_slab`). A tree forward appends all ``n`` tree nodes
 to that cache under a 4D attention mask (context fully visible, tree part ancestor-only) with positions
 ``context_len + depth``; :meth:`HFTarget.commit` then moves the ``m`` accepted entries into the slots right
 after the context and drops the rest. Only ``m`` entries per layer move, so the commit cost does not grow
@@ -16,18 +16,18 @@ from typing import Any, Iterable, Mapping, Union
 
 import torch
 
-from bastion.core.hf_batch import HFTargetBatch
-from bastion.core.checks import check_device
-from bastion.core.compiled_verify import CompileOptions, StaticVerify, compile_options
-from bastion.core.dtypes import auto_dtype, parse_dtype
-from bastion.core.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError
-from bastion.core.files import FLOAT_DTYPES, TensorInfo, check_weights_folder, float_weight_error, read_json_object
-from bastion.core.hf_config import check_model_size, physical_memory
-from bastion.core.hf_compat import cache_kwargs
-from bastion.core.kv_slab import slab_cache
-from bastion.core.target import Target
-from bastion.core.tree import Tree
-from bastion.core.types import TargetOutput
+from bastion.huggingface.batched import HFTargetBatch
+from bastion.utils.checks import check_device
+from bastion.huggingface.compiled_verify import CompileOptions, StaticVerify, compile_options
+from bastion.utils.dtypes import auto_dtype, parse_dtype
+from bastion.contract.errors import IncompatibleComponentsError, InvalidFileError, InvalidInputError
+from bastion.utils.files import FLOAT_DTYPES, TensorInfo, check_weights_folder, float_weight_error, read_json_object
+from bastion.huggingface.configs import check_model_size, physical_memory
+from bastion.huggingface.compat import cache_kwargs
+from bastion.huggingface.kv_slab import slab_cache
+from bastion.contract.target import Target
+from bastion.contract.tree import Tree
+from bastion.contract.types import TargetOutput
 
 __all__ = [
     "HFTarget",
@@ -183,7 +183,7 @@ class HFTarget(Target):
         verify path (see :meth:`compile_verify`; off by default).
 
         ``dtype="auto"`` keeps the checkpoint's dtype, except a float16 checkpoint placed on a CPU, which
-        computes in float32 (see :func:`bastion.core.dtypes.auto_dtype`; logged on ``bastion.dtype``); a
+        computes in float32 (see :func:`bastion.utils.dtypes.auto_dtype`; logged on ``bastion.dtype``); a
         dtype named here is used as it is."""
         _check_attention(attn_implementation)
         device = check_device(device)
@@ -466,7 +466,7 @@ class HFTarget(Target):
 
 def compute_in_auto_dtype(model: Any, device: torch.device | str, what: str) -> Any:
     """``model`` (a Hugging Face model loaded with dtype ``auto``) cast to the dtype ``auto`` computes in
-    on ``device`` (:func:`bastion.core.dtypes.auto_dtype`), its config saying so; the choice is logged
+    on ``device`` (:func:`bastion.utils.dtypes.auto_dtype`), its config saying so; the choice is logged
     naming ``what``. Unchanged when the stored dtype stays."""
     choice = auto_dtype(model.dtype, device)
     if choice.dtype is None:

@@ -25,7 +25,7 @@ from typing import Final, Literal
 import torch
 from attrs import field, frozen
 
-from bastion.core.errors import InvalidInputError, TreeValidationError
+from bastion.contract.errors import InvalidInputError, TreeValidationError
 
 __all__ = ["CandidateTree", "ProposalKind", "PROPOSAL_KINDS", "check_pairing", "proposal_kind"]
 
@@ -180,7 +180,7 @@ class CandidateTree:
 def proposal_kind(proposal: object) -> str:
     """``"marginals"`` or ``"candidate_tree"`` for a drafter's proposal; :class:`InvalidInputError`
     for anything else."""
-    from bastion.core.types import Marginals
+    from bastion.contract.types import Marginals
 
     if isinstance(proposal, Marginals):
         return "marginals"
@@ -194,7 +194,7 @@ def proposal_kind(proposal: object) -> str:
 def check_pairing(builder: object, kind: str, drafter: object | None = None) -> None:
     """Raise :class:`IncompatibleComponentsError` when ``builder`` does not take proposals of ``kind``;
     the message names the builder, the drafter and the builders' alternatives."""
-    from bastion.core.errors import IncompatibleComponentsError
+    from bastion.contract.errors import IncompatibleComponentsError
 
     accepts = getattr(builder, "accepts", frozenset({"marginals"}))
     if kind in accepts:

@@ -22,9 +22,9 @@ from typing import Any, Callable, Literal, TypeVar
 
 from attrs import field, frozen
 
-from bastion.core.checks import positive_int
-from bastion.core.files import decode_utf8, read_text_file
-from bastion.core.errors import BastionError, InvalidInputError, InvalidRowsError
+from bastion.utils.checks import positive_int
+from bastion.utils.files import decode_utf8, read_text_file
+from bastion.contract.errors import BastionError, InvalidInputError, InvalidRowsError
 from bastion.engine.params import check_setting
 from bastion.distributed import DistContext, barrier, broadcast_object, gather_objects
 from bastion.run.decode import Progress, RankStats, decode_work

@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterable
 import attrs
 import pluggy
 
-from bastion.core import hookspecs
-from bastion.core.errors import (
+from bastion.contract import hookspecs
+from bastion.contract.errors import (
     BastionError,
     DuplicateComponentError,
     IncompatibleComponentsError,
@@ -34,7 +34,7 @@ from bastion.core.errors import (
     PluginLoadError,
     UnknownComponentError,
 )
-from bastion.core.hookspecs import KINDS
+from bastion.contract.hookspecs import KINDS
 
 __all__ = [
     "ComponentInfo",
@@ -418,7 +418,7 @@ def _check_checkpoint_config(path: str) -> None:
     :class:`InvalidFileError` naming it."""
     from pathlib import Path
 
-    from bastion.core.files import read_json_object
+    from bastion.utils.files import read_json_object
 
     config = Path(str(path)).expanduser() / "config.json"
     if config.is_file():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from bastion.core.errors import InvalidInputError
+from bastion.contract.errors import InvalidInputError
 
 __all__ = ["TextTracker", "check_stop_strings", "split_jsonl_lines"]
 

@@ -1,6 +1,6 @@
 """The target-model interface the pipeline and drafters depend on.
 
-The built-in implementation for Hugging Face causal LMs is :class:`bastion.core.hf_target.HFTarget`.
+The built-in implementation for Hugging Face causal LMs is :class:`bastion.huggingface.causal_lm.HFTarget`.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from bastion.core.tree import Tree
-from bastion.core.types import TargetOutput
+from bastion.contract.tree import Tree
+from bastion.contract.types import TargetOutput
 
 if TYPE_CHECKING:
-    from bastion.core.batching import BatchPrefill, TargetBatch
+    from bastion.contract.batch_state import BatchPrefill, TargetBatch
 
 __all__ = ["Target"]
 

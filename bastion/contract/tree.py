@@ -12,7 +12,7 @@ import math
 import torch
 from attrs import field, frozen
 
-from bastion.core.errors import InvalidInputError, TreeValidationError
+from bastion.contract.errors import InvalidInputError, TreeValidationError
 
 __all__ = ["Tree", "HostTree"]
 
@@ -44,7 +44,7 @@ class Tree:
         """The tree as host tuples: the attached copy, or one counted host read of the device tensors."""
         if self.host is not None:
             return self.host
-        from bastion.core.sync import to_host
+        from bastion.utils.sync import to_host
 
         tok, par, dep, sco = to_host(
             torch.stack((self.tokens, self.parents, self.depths, self.log_scores.double())).double(), "tree"

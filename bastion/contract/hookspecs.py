@@ -8,7 +8,7 @@ in the ``bastion`` group::
     my_plugin = "my_plugin.hooks"
 
     # my_plugin/hooks.py
-    from bastion.core.hookspecs import hookimpl
+    from bastion.contract.hookspecs import hookimpl
 
     @hookimpl
     def bastion_register_components(register):
@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol
 
 import pluggy
 
-from bastion.core.interfaces import KINDS
+from bastion.contract.interfaces import KINDS
 
 __all__ = ["KINDS", "NAME", "Register", "bastion_register_components", "hookimpl", "hookspec"]
 
@@ -46,6 +46,6 @@ def bastion_register_components(register: Register) -> None:
     Call ``register(kind, name, factory, description=...)`` once per component. ``kind`` is one of
     :data:`KINDS` (``"drafter"``, ``"tree_builder"``, ``"latency_model"``, ``"budget_controller"``,
     ``"verifier"``); ``factory(**options)`` must return an instance of the matching interface in
-    :data:`bastion.core.interfaces.COMPONENT_INTERFACES`.
+    :data:`bastion.contract.interfaces.COMPONENT_INTERFACES`.
     Registering a (kind, name) pair that another source already registered is an error naming both.
     """

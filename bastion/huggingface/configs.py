@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from attrs import frozen
 
-from bastion.core.errors import InvalidFileError, InvalidInputError
+from bastion.contract.errors import InvalidFileError, InvalidInputError
 
 __all__ = [
     "DecoderShape",

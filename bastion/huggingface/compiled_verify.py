@@ -1,4 +1,4 @@
-"""An opt-in compiled verify path for :class:`~bastion.core.hf_target.HFTarget`.
+"""An opt-in compiled verify path for :class:`~bastion.huggingface.causal_lm.HFTarget`.
 
 The eager verify forward has shapes that change every step (the tree size ``n`` and the context length),
 so neither ``torch.compile`` nor CUDA graphs can reuse their work across steps. This path makes every
@@ -28,9 +28,9 @@ import attrs
 import torch
 from transformers.cache_utils import DynamicCache, StaticLayer
 
-from bastion.core.checks import options_object
-from bastion.core.errors import IncompatibleComponentsError, InvalidInputError
-from bastion.core.hf_compat import cache_kwarg
+from bastion.utils.checks import options_object
+from bastion.contract.errors import IncompatibleComponentsError, InvalidInputError
+from bastion.huggingface.compat import cache_kwarg
 
 __all__ = ["CompileOptions", "DEFAULT_BUCKETS", "SlotLayer", "StaticVerify", "compile_options"]
 

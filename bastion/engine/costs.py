@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from bastion.core.checks import check_int, check_number
-from bastion.core.running import RobustLevel
+from bastion.utils.checks import check_int, check_number
+from bastion.utils.running import RobustLevel
 
 __all__ = ["CostBySize", "BatchCosts"]
 
 
 class CostBySize:
-    """Robust running seconds per batch size (:class:`~bastion.core.running.RobustLevel`: a burst of
+    """Robust running seconds per batch size (:class:`~bastion.utils.running.RobustLevel`: a burst of
     foreign load does not move it, a lasting change takes over within a few steps); unseen sizes from a
     non-negative linear fit (module doc). ``weight`` is kept for compatibility."""
 

@@ -1,6 +1,6 @@
 """Checks on what components hand back and on user-facing values, in one place.
 
-Each check raises one of the project's errors (:mod:`bastion.core.errors`) whose message names the
+Each check raises one of the project's errors (:mod:`bastion.contract.errors`) whose message names the
 component or the value at fault. Input values: ``check_int`` and ``check_number`` return the checked
 value; the ``attrs`` validators ``positive_int``, ``optional_positive_int``, ``positive_number`` and
 ``finite_non_negative`` take ``(instance, attribute, value)`` and name the field. The per-step checks are cheap: a few host comparisons on values the pipeline holds
@@ -16,11 +16,11 @@ from typing import Any, Mapping
 
 import torch
 
-from bastion.core.errors import ComponentError, IncompatibleComponentsError, InvalidInputError, TreeValidationError
-from bastion.core.interfaces import BudgetDecision
-from bastion.core.sync import to_host
-from bastion.core.tree import Tree
-from bastion.core.types import Marginals, Verdict
+from bastion.contract.errors import ComponentError, IncompatibleComponentsError, InvalidInputError, TreeValidationError
+from bastion.contract.interfaces import BudgetDecision
+from bastion.utils.sync import to_host
+from bastion.contract.tree import Tree
+from bastion.contract.types import Marginals, Verdict
 
 __all__ = [
     "check_built_tree",
@@ -119,7 +119,7 @@ def _device_memory(device: torch.device) -> int | None:
     if device.type == "cuda" and torch.cuda.is_available():
         return int(torch.cuda.get_device_properties(device).total_memory)
     if device.type == "cpu":
-        from bastion.core.hf_config import physical_memory
+        from bastion.huggingface.configs import physical_memory
 
         return physical_memory()
     return None
@@ -365,8 +365,8 @@ def check_built_tree(tree: Tree, root: int, vocab_size: int, max_nodes: int | No
     except TreeValidationError as exc:
         if builder is None:
             raise
-        from bastion.core.blame import plugin_of
-        from bastion.core.registry import registry
+        from bastion.engine.blame import plugin_of
+        from bastion.contract.registry import registry
 
         raise TreeValidationError(
             f"tree_builder {type(builder).__name__}.build (plugin {plugin_of(builder, registry)}) built an invalid tree: {exc}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import traceback
 from typing import Any, Mapping
 
-from bastion.core.errors import BastionError, ComponentError
+from bastion.contract.errors import BastionError, ComponentError
 
 __all__ = ["blame", "plugin_of"]
 

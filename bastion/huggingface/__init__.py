@@ -1,0 +1,1 @@
+"""The Hugging Face adapter: a causal LM as a :class:`~bastion.contract.target.Target` (:mod:`.causal_lm`), its batched forward (:mod:`.batched`), the KV slab, compiled verify, config reading and the transformers-release bridges."""
