@@ -43,8 +43,11 @@ setting's recent probes paid (``start_probe``, a running share over probes): und
 drafting sometimes pays, each request gets its own first look; under one where probes keep failing
 (sampling at T = 1 with this drafter), the share falls and the countdown alone decides, as before.
 
-The gate holds per-sequence state only: call :meth:`reset` at the start of each sequence. A batched
-decoder keeps one gate for the whole batch and calls :meth:`should_draft` once per batched step.
+The gate holds state across requests, per key (a sampling setting, and for batches its size): the
+countdown, the back-off, the share of probes that paid and the probe cost. :meth:`start` opens a
+request (or a batch at its current size) under its key and continues that key's state;
+:meth:`reset` starts the current sequence afresh. The engine keeps one gate for the whole batch and
+calls :meth:`should_draft` once per step.
 """
 
 from __future__ import annotations

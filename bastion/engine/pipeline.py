@@ -1,11 +1,14 @@
 """The pipeline: a target, the five stage components and their configuration, and the decoding calls.
 
-The single-sequence loop (draft -> build -> budget -> verify -> commit -> observe) lives here; batches,
-and any generation that runs while another holds the single-sequence state, decode on
-:class:`bastion.engine.Engine`. Each call has its own state. Components come from the registry by name
-or are handed in as instances; the pipeline calls them through the five stage interfaces and the
-:class:`Target` interface, and trusts the proposals of built-in drafters (module ``bastion.*``) without
-re-validating them.
+The pipeline decodes nothing itself: every call (``generate``, ``stream``, ``chat``, ``decode_steps``,
+``generate_batch``, ``stream_batch``) runs its requests on a :class:`bastion.engine.Engine` of its own
+(one decode loop: draft -> build -> decide -> verify -> commit), a single generation as a batch of one on
+the models' own single-sequence state when no other generation holds it. Components come from the
+registry by name or are handed in as instances and are called through the five stage interfaces and
+the :class:`Target` interface. At the plugin boundary the pipeline checks what it does not trust: a
+component is *built in* when its class lives in a ``bastion.*`` module; trees of builders that are not
+built in (or do not declare valid trees) are validated, verdicts of verifiers that are not built in
+are checked against the target at T = 0, and drafters that are not built in get copies of the prompt.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The DFlash block-diffusion draft network, its config, and checkpoint I/O in the DFlash format.
+"""The DFlash block-diffusion draft network (its config lives in :mod:`.config`, checkpoint reading in
+:mod:`.checkpoint`; :meth:`DFlashDraftModel.save_pretrained` / ``from_pretrained`` use both).
 
 A DFlash drafter is a small stack of Qwen3-style decoder layers that never embeds tokens or computes
 logits itself: it borrows the target's token embedding and lm head. What it reads from the target is a
