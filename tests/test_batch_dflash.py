@@ -102,3 +102,33 @@ def test_plain_steps_stacked_by_commit_next_propose_what_per_row_commits_propose
     steps = [DraftStep(root_token=int(r), context_len=c) for r, c in zip(roots, state.context_lens)]
     for mine, ref in zip(stacked.propose(steps), per_row.propose(steps)):
         torch.testing.assert_close(mine.log_probs, ref.log_probs, atol=1e-6, rtol=0)
+
+
+def test_a_batch_of_one_drafts_the_single_sequence_marginals_and_rows_joining_it_stay_exact(pair):
+    """A batch of one takes the single-sequence drafter's lean pass (the step's few new positions
+    projected in the block's own pass, the block's keys/values in scratch slots past the row); after
+    several such steps its marginals still equal the single drafter's, and so do a joining row's."""
+    target, drafter = pair
+    prompts = _prompts()
+    first, second = prompts[3], prompts[1]
+    state, pre = target.open_batch([first], drafter.feature_layers)
+    drafts = drafter.open_batch([DraftContext(first, pre.features[0])])
+    committed: list[int] = []
+    root = int(pre.last_logits[0].argmax())
+    for step in range(4):
+        ids = torch.cat([first, torch.tensor(committed, dtype=torch.long)])
+        (m,) = drafts.propose([DraftStep(root_token=root, context_len=len(ids), max_depth=3 if step == 2 else None)])
+        want = _single_row(target, drafter, first, committed)
+        torch.testing.assert_close(m.log_probs, want[: m.depth], atol=1e-5, rtol=0)
+        new = [root] + [11] * step  # 1..4 tokens committed per step
+        out = target.prefill(torch.cat([ids, torch.tensor(new)])[None], drafter.feature_layers)
+        drafts.commit([torch.tensor(new)], [out.features[len(ids) :]])
+        committed += new
+        root = int(out.logits[-1].argmax())
+    state2, pre2 = target.open_batch([second], drafter.feature_layers)
+    drafts.extend(drafter.open_batch([DraftContext(second, pre2.features[0])]))
+    ids = torch.cat([first, torch.tensor(committed, dtype=torch.long)])
+    rows = drafts.propose([DraftStep(root_token=root, context_len=len(ids)),
+                           DraftStep(root_token=int(pre2.last_logits[0].argmax()), context_len=len(second))])
+    torch.testing.assert_close(rows[0].log_probs, _single_row(target, drafter, first, committed), atol=1e-5, rtol=0)
+    torch.testing.assert_close(rows[1].log_probs, _single_row(target, drafter, second, []), atol=1e-5, rtol=0)

@@ -23,6 +23,8 @@ __all__ = ["DFlashDraftBatch"]
 
 #: a row with more pending positions than this (a prompt that just joined) is projected on its own
 _BATCHED_FLUSH = 64
+#: a batch of one projects at most this many new positions in the draft's own pass (as the single drafter)
+_FRESH_MAX = 32
 
 
 class DFlashDraftBatch(DraftBatch):
@@ -71,6 +73,8 @@ class DFlashDraftBatch(DraftBatch):
                     f"row {i}: drafter holds {self.committed(i)} committed positions but the step's context length is {step.context_len}"
                 )
         device = self.model.device
+        if b == 1 and not torch.is_grad_enabled():
+            return [self._propose_one(steps[0], device)]
         self._flush(device)
         lens = torch.tensor(self._lens, device=device)  # [B]
         longest = max(self._lens)
@@ -91,6 +95,38 @@ class DFlashDraftBatch(DraftBatch):
             flat = Marginals.from_logits((logits[:, :k].float() / scale).reshape(b * k, -1))
         lp = flat.log_probs.view(b, k, -1)  # [B, K, V], checked once for the whole batch
         return [Marginals(lp[i]) for i in range(b)]
+
+    def _propose_one(self, step: DraftStep, device: torch.device) -> Marginals:
+        """A batch of one, as the single-sequence drafter drafts: the few positions committed since the
+        last step are projected in the block's own pass (their keys/values land in the first scratch
+        slots past the row's length: where they belong), the block runs the lean pass over the row's
+        context (no mask; its own keys/values go to scratch slots that later projections overwrite),
+        and the head runs on the usable depths only; the tree builder's one transfer rejects NaN
+        marginals."""
+        self._fold_plain()
+        pending = sum(int(f.shape[0]) for f in self._pending[0])
+        fresh = None
+        if 0 < pending <= _FRESH_MAX and self._lens[0] > 0:
+            fresh = torch.cat(self._pending[0], dim=0).to(device, self.model.dtype)[None]  # [1, P, F]
+            self._pending[0] = []
+        else:
+            self._flush(device)
+            pending = 0
+        length = self._lens[0]
+        spare = pending + self.block_size
+        self._reserve(length + spare, ContextKV(self._keys, self._values))
+        past = ContextKV(
+            tuple(k[:, :, : length + spare] for k in self._keys), tuple(v[:, :, : length + spare] for v in self._values), tail=spare
+        )
+        depth = self.block_size - 1 if step.max_depth is None else max(1, min(self.block_size - 1, step.max_depth))
+        block = torch.full((1, self.block_size), self.model.config.mask_token_id, dtype=torch.long, device=device)
+        block[0, :1].fill_(int(step.root_token))  # a kernel argument: no host-to-device copy
+        logits = self.model.block_logits(
+            None, block, embed=self.embed, head=self.head, block_positions=length + pending, past_context=past, depths=depth,
+            fresh_context=fresh,
+        )[0]  # [depth, V]
+        self._lens[0] = length + pending
+        return Marginals.from_logits(logits[:depth], temperature=step.temperature, validate=False)
 
     def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor | None]) -> None:
         if len(tokens) != len(self._lens) or len(features) != len(self._lens):
