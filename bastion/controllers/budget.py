@@ -320,8 +320,12 @@ class BastionController(BudgetController):
         overhead = _check_overhead(overhead_s) + self.extra_overhead_s
         _, sizes_t, cand = self._sizes(len(scores))
         t_verify = predict_checked(latency, sizes_t, context_len).tolist()  # [N + 1] seconds; [0] is n = 1
-        k, speedup, a_cal = self._scan(self._rates(scores), t_verify, cand, overhead)
+        rates = self._rates(scores)  # [n_max] per-node acceptance, root first
+        k, speedup, a_cal = self._scan(rates, t_verify, cand, overhead)
         n = cand[k]
+        # a single sequence's acceptance curve teaches the one batched steps predict from: a batch's
+        # first step after single-request traffic is then decided on it, not probed blind
+        self.row_curve = _blend_curves(self.row_curve, np.cumsum(np.asarray(rates, dtype=np.float64)), _ROW_CURVE_EMA)
         # against a plain step (no draft); drafting then verifying the root alone never beats it
         plain = t_verify[0] / (t_verify[0] + self.plain_overhead_s)
         gain = speedup / plain if n > 1 else 0.0
