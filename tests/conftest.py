@@ -82,3 +82,20 @@ def fake_plugin_dist(tmp_path, monkeypatch: pytest.MonkeyPatch):
     yield make
     for name in made:
         sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory):
+    """A tiny Qwen3 target (the demo tokenizer) and a one-layer DFlash drafter saved to a folder, 128
+    positions; one per test module (a module defining its own ``pair`` uses that one)."""
+    from bastion.testing.tiny import save_tiny_pair
+
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"), max_positions=128)
+
+
+@pytest.fixture(scope="module")
+def pipe(pair):
+    """The saved tiny pair as a pipeline (``max_nodes=8``); one per test module, like ``pair``."""
+    import bastion
+
+    return bastion.Pipeline.from_pretrained(pair.target, str(pair.drafter), max_nodes=8)

@@ -18,12 +18,6 @@ from safetensors.torch import load_file, save_file
 from bastion.core import BastionError, InvalidFileError, InvalidInputError
 from bastion.huggingface.causal_lm import HFTarget
 from bastion.contract.registry import registry
-from bastion.testing.tiny import save_tiny_pair
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory):
-    return save_tiny_pair(tmp_path_factory.mktemp("pair"), max_positions=128)
 
 
 def _copy(src: Path, dst: Path, weights=None, config=None) -> Path:

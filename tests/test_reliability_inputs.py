@@ -23,7 +23,7 @@ from bastion.core import BastionError, InvalidInputError
 from bastion.utils.chat import check_messages
 from bastion.utils.checks import check_token_ids
 from bastion.contract.errors import FileSystemError, InvalidFileError, PluginLoadError
-from bastion.testing.tiny import TinyPair, save_tiny_pair
+from bastion.testing.tiny import TinyPair
 
 PROMPT = [5, 6, 7, 8]
 BAD_MESSAGES = [
@@ -33,16 +33,6 @@ BAD_MESSAGES = [
     ([{"role": 5, "content": "hi"}], "messages[0]: 'role' must be a non-empty string"),
     ([{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "image"}]}], "messages[1] (user)"),
 ]
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
-    return save_tiny_pair(tmp_path_factory.mktemp("pair"), max_positions=128)
-
-
-@pytest.fixture(scope="module")
-def pipe(pair: TinyPair) -> bastion.Pipeline:
-    return bastion.Pipeline.from_pretrained(pair.target, str(pair.drafter), max_nodes=8)
 
 
 @pytest.mark.parametrize("messages,message", BAD_MESSAGES, ids=["no-content", "content-None", "content-5", "role-5", "image-part"])

@@ -11,20 +11,10 @@ import torch
 
 import bastion
 from bastion.contract.errors import InvalidInputError, TreeValidationError
-from bastion.testing.tiny import TinyPair, save_tiny_pair
+from bastion.testing.tiny import TinyPair
 from bastion.trees.best_first import BestFirstBuilder
 
 PROMPT = [5, 6, 7, 8]
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
-    return save_tiny_pair(tmp_path_factory.mktemp("pair"), max_positions=128)
-
-
-@pytest.fixture(scope="module")
-def pipe(pair: TinyPair) -> bastion.Pipeline:
-    return bastion.Pipeline.from_pretrained(pair.target, str(pair.drafter), max_nodes=8)
 
 
 @pytest.mark.parametrize("tokens,cause", [("over", "lies outside the vocabulary"), ([-1], "-1"), (["a"], "'a'"), ([1.5], "1.5"), ([True], "True")])

@@ -22,7 +22,7 @@ from bastion.contract.errors import InvalidOptionError
 from bastion.engine.params import GenerationConfig, SamplingParams, check_setting, derived_seed
 from bastion.run.inputs import bastion_row
 from bastion.run.job import RunConfig
-from bastion.testing.tiny import TinyPair, save_tiny_pair
+from bastion.testing.tiny import TinyPair
 
 PROMPT = [5, 6, 7, 8]
 
@@ -33,16 +33,6 @@ BAD = [
     ("max_new_tokens", 0), ("max_new_tokens", 2.5), ("max_new_tokens", "4"),
     ("stop", ""), ("stop", [""]), ("stop", [1]), ("stop", 5), ("stop", {"a": 1}),
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
-    return save_tiny_pair(tmp_path_factory.mktemp("pair"), max_positions=128)
-
-
-@pytest.fixture(scope="module")
-def pipe(pair: TinyPair) -> bastion.Pipeline:
-    return bastion.Pipeline.from_pretrained(pair.target, str(pair.drafter), max_nodes=8)
 
 
 def _hf_path(name: str, value: object) -> object:
