@@ -224,8 +224,7 @@ class SoloTargetBatch(TargetBatch):
         self.target.commit(nodes)
 
     def keep(self, rows: Sequence[int]) -> None:
-        if list(rows) not in ([], [0]):
-            raise ValueError(f"a batch of one keeps row 0 or none, not {list(rows)}")
+        _keep_one(rows)
 
 
 class SoloDraftBatch(DraftBatch):
@@ -251,5 +250,10 @@ class SoloDraftBatch(DraftBatch):
         self.drafter.commit(tokens[:1], None if features is None else features[:1])
 
     def keep(self, rows: Sequence[int]) -> None:
-        if list(rows) not in ([], [0]):
-            raise ValueError(f"a batch of one keeps row 0 or none, not {list(rows)}")
+        _keep_one(rows)
+
+
+def _keep_one(rows: Sequence[int]) -> None:
+    """A batch of one keeps its row or none (the state is the component's own: nothing to drop)."""
+    if list(rows) not in ([], [0]):
+        raise ValueError(f"a batch of one keeps row 0 or none, not {list(rows)}")

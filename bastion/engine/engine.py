@@ -426,14 +426,15 @@ class Engine:
         tb = self._tb
         assert tb is not None
         roots = [r.root for r in rows]
+        roots_t = torch.tensor(roots)  # [B] on the host (a batch of one reads it back without a device wait)
         stage.at("target", pipe.target, "forward_next")
-        out = tb.forward_next(torch.tensor(roots), self._layers)  # logits [B, 1, V]
+        out = tb.forward_next(roots_t, self._layers)  # logits [B, 1, V]
         tb.commit_next()
         tokens = self._next_tokens(rows, ctxs, roots, out.logits[:, 0], stage)
         clock.mark("verify")  # forward, commit and the read of its tokens
         if self._drafts is not None:
             stage.at("drafter", pipe.drafter, "commit_next")
-            self._drafts.commit_next(torch.tensor(roots), None if out.features is None else out.features[:, 0])
+            self._drafts.commit_next(roots_t, None if out.features is None else out.features[:, 0])
         clock.mark("commit")
         records = self.observer.plain(ctxs, clock, stage)
         emitted = sum(

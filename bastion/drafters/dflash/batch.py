@@ -19,12 +19,35 @@ from bastion.utils.sync import to_device
 from bastion.contract.types import DraftContext, DraftStep, Marginals
 from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
 
-__all__ = ["DFlashDraftBatch"]
+__all__ = ["DFlashDraftBatch", "lean_draft"]
 
 #: a row with more pending positions than this (a prompt that just joined) is projected on its own
 _BATCHED_FLUSH = 64
 #: a batch of one projects at most this many new positions in the draft's own pass (as the single drafter)
 _FRESH_MAX = 32
+
+
+def lean_draft(
+    model: DFlashDraftModel,
+    embed: torch.nn.Module,
+    head: torch.nn.Module,
+    block_size: int,
+    step: DraftStep,
+    committed: int,
+    past: ContextKV,
+    fresh: torch.Tensor | None = None,  # [1, P, F] features of positions not yet in ``past``, or None
+) -> Marginals:
+    """One sequence's marginals by the lean pass: the block ``[root, MASK x (B - 1)]`` at positions
+    ``committed ..`` over ``past`` (whose scratch holds ``fresh``'s positions and the block), the head on
+    the usable depths only (``step.max_depth``), no validation read (the tree builder's one transfer
+    rejects NaN marginals). The single-sequence drafter and a batch of one both draft through it."""
+    depth = block_size - 1 if step.max_depth is None else max(1, min(block_size - 1, step.max_depth))
+    block = torch.full((1, block_size), model.config.mask_token_id, dtype=torch.long, device=model.device)
+    block[0, :1].fill_(int(step.root_token))  # a kernel argument: no host-to-device copy
+    logits = model.block_logits(
+        None, block, embed=embed, head=head, block_positions=committed, past_context=past, depths=depth, fresh_context=fresh
+    )[0]  # [depth, V]
+    return Marginals.from_logits(logits[:depth], temperature=step.temperature, validate=False)
 
 
 class DFlashDraftBatch(DraftBatch):
@@ -118,15 +141,9 @@ class DFlashDraftBatch(DraftBatch):
         past = ContextKV(
             tuple(k[:, :, : length + spare] for k in self._keys), tuple(v[:, :, : length + spare] for v in self._values), tail=spare
         )
-        depth = self.block_size - 1 if step.max_depth is None else max(1, min(self.block_size - 1, step.max_depth))
-        block = torch.full((1, self.block_size), self.model.config.mask_token_id, dtype=torch.long, device=device)
-        block[0, :1].fill_(int(step.root_token))  # a kernel argument: no host-to-device copy
-        logits = self.model.block_logits(
-            None, block, embed=self.embed, head=self.head, block_positions=length + pending, past_context=past, depths=depth,
-            fresh_context=fresh,
-        )[0]  # [depth, V]
+        marginals = lean_draft(self.model, self.embed, self.head, self.block_size, step, length + pending, past, fresh)
         self._lens[0] = length + pending
-        return Marginals.from_logits(logits[:depth], temperature=step.temperature, validate=False)
+        return marginals
 
     def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor | None]) -> None:
         if len(tokens) != len(self._lens) or len(features) != len(self._lens):

@@ -18,7 +18,7 @@ from bastion.contract.errors import InvalidInputError
 from bastion.contract.interfaces import Drafter
 from bastion.contract.types import DraftContext, DraftStep, Marginals
 from bastion.drafters.dflash.checkpoint import is_dflash_checkpoint
-from bastion.drafters.dflash.batch import DFlashDraftBatch
+from bastion.drafters.dflash.batch import DFlashDraftBatch, lean_draft
 from bastion.drafters.dflash.model import ContextKV, DFlashDraftModel
 from bastion.drafters.network import bind_network, load_draft_network
 
@@ -221,23 +221,11 @@ class DFlashDrafter(Drafter):
         else:
             self._flush(device)
         spare = self.block_size + (0 if fresh is None else fresh.shape[1])
-        k = self.block_size - 1 if step.max_depth is None else max(1, min(self.block_size - 1, step.max_depth))  # no head rows past max_depth
-        block = torch.full((1, self.block_size), self.config.mask_token_id, dtype=torch.long, device=device)
-        block[0, :1].fill_(int(step.root_token))  # a kernel argument: no host-to-device copy
-        logits = self.model.block_logits(
-            None,
-            block,
-            embed=self._embed,
-            head=self._head,
-            block_positions=committed,  # the block's B positions follow the committed ones
-            past_context=self._cache.view(spare=spare),
-            depths=k,
-            fresh_context=fresh,
-        )[0]  # [k, V]
+        # the block's B positions follow the committed ones
+        marginals = lean_draft(self.model, self._embed, self._head, self.block_size, step, committed, self._cache.view(spare=spare), fresh)
         if fresh is not None:  # their keys/values now sit in the first scratch slots
             self._cache.length += fresh.shape[1]
-        # no validation read here: the tree builder's one transfer rejects NaN marginals
-        return Marginals.from_logits(logits[:k], temperature=step.temperature, validate=False)
+        return marginals
 
     def open_batch(self, contexts: Sequence[DraftContext]) -> DFlashDraftBatch:
         """Per-row draft contexts in one padded buffer: one draft forward per step for every row."""
