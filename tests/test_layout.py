@@ -49,3 +49,14 @@ def test_an_unknown_old_name_is_an_attribute_error() -> None:
         bastion.core.no_such_module  # noqa: B018
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("bastion.core.no_such_module")
+
+
+def test_import_bastion_alone_gives_bastion_core_and_contract_as_attributes() -> None:
+    """``import bastion; bastion.core.Tree`` (a fresh interpreter: nothing else imported first)."""
+    import subprocess
+    import sys
+
+    code = "import bastion; print(bastion.core.Tree.__name__, bastion.contract.Drafter.__name__, bastion.core.hf_target.HFTarget.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["Tree", "Drafter", "HFTarget"]
