@@ -31,7 +31,6 @@ import io
 import json
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -886,18 +885,10 @@ def file_cases(w: World) -> list[Case]:
 
     def copy(kind: str, weights: Callable[[dict], dict] | None = None, config: Callable[[dict], Any] | None = None,
              raw: Callable[[Path], None] | None = None) -> Path:
-        from safetensors.torch import load_file, save_file
+        from bastion.testing.tiny import mutated_copy
 
         src = w.pair.target if kind == "target" else w.pair.drafter
-        dst = w.tmp(kind) / kind
-        shutil.copytree(src, dst)
-        if weights is not None:
-            state = load_file(str(dst / "model.safetensors"))
-            save_file(weights(state), str(dst / "model.safetensors"), metadata={"format": "pt"})
-        if config is not None:
-            data = json.loads((dst / "config.json").read_text())
-            config(data)
-            (dst / "config.json").write_text(json.dumps(data))
+        dst = mutated_copy(src, w.tmp(kind) / kind, weights=weights, config=config)
         if raw is not None:
             raw(dst)
         return dst

@@ -6,30 +6,16 @@ cast silently, blamed the drafter, or allocated gigabytes."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from bastion.core import BastionError, InvalidFileError, InvalidInputError
 from bastion.huggingface.causal_lm import HFTarget
 from bastion.contract.registry import registry
-
-
-def _copy(src: Path, dst: Path, weights=None, config=None) -> Path:
-    shutil.copytree(src, dst)
-    if weights is not None:
-        state = load_file(str(dst / "model.safetensors"))
-        save_file(weights(state), str(dst / "model.safetensors"), metadata={"format": "pt"})
-    if config is not None:
-        data = json.loads((dst / "config.json").read_text())
-        config(data)
-        (dst / "config.json").write_text(json.dumps(data))
-    return dst
+from bastion.testing.tiny import mutated_copy
 
 
 def _drop(name):
@@ -50,7 +36,7 @@ def _drop(name):
     ids=["no-lm-head", "no-norm", "unexpected", "shape", "int64", "bool"],
 )
 def test_incomplete_or_wrong_target_weights_are_refused_naming_file_and_tensor(pair, tmp_path, weights, tensor) -> None:
-    target = _copy(pair.target, tmp_path / "t", weights=weights)
+    target = mutated_copy(pair.target, tmp_path / "t", weights=weights)
     with pytest.raises(InvalidFileError, match="model.safetensors") as err:
         HFTarget.from_pretrained(target)
     assert tensor in str(err.value)
@@ -71,7 +57,7 @@ def test_nan_target_weights_blame_the_target(pair, tmp_path) -> None:
         w[0, 0] = float("nan")
         return {**s, "model.layers.0.mlp.down_proj.weight": w}
 
-    target = _copy(pair.target, tmp_path / "t", weights=nan)
+    target = mutated_copy(pair.target, tmp_path / "t", weights=nan)
     with pytest.raises(InvalidFileError, match="model.layers.0.mlp.down_proj.weight") as err:
         HFTarget.from_pretrained(target)
     assert "model.safetensors" in str(err.value) and "NaN" in str(err.value)
@@ -83,7 +69,7 @@ def test_absurd_target_config_is_refused_before_building(pair, tmp_path, field, 
         c[field] = value
         c.pop("layer_types", None)
 
-    target = _copy(pair.target, tmp_path / "t", config=grow)
+    target = mutated_copy(pair.target, tmp_path / "t", config=grow)
     start = time.perf_counter()
     with pytest.raises(InvalidFileError, match=field) as err:
         HFTarget.from_pretrained(target)
@@ -97,7 +83,7 @@ def test_non_positive_target_config_sizes_name_the_field(pair, tmp_path, field, 
         c[field] = value
         c.pop("head_dim", None)
 
-    target = _copy(pair.target, tmp_path / "t", config=bad)
+    target = mutated_copy(pair.target, tmp_path / "t", config=bad)
     with pytest.raises(InvalidFileError, match=field) as err:
         HFTarget.from_pretrained(target)
     assert "config.json" in str(err.value)
@@ -110,7 +96,7 @@ def _dflash(path, **kw):
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.int8])
 def test_dflash_weights_stored_as_integers_or_bools_are_refused(pair, tmp_path, dtype) -> None:
-    drafter = _copy(pair.drafter, tmp_path / "d", weights=lambda s: {k: v.to(dtype) for k, v in s.items()})
+    drafter = mutated_copy(pair.drafter, tmp_path / "d", weights=lambda s: {k: v.to(dtype) for k, v in s.items()})
     with pytest.raises(InvalidFileError, match="model.safetensors") as err:
         _dflash(drafter)
     assert "fc.weight" in str(err.value) or "layers.0" in str(err.value)
@@ -120,7 +106,7 @@ def test_dflash_huge_block_size_is_refused_naming_field_and_memory(pair, tmp_pat
     def big(c):
         c["block_size"] = 10**9
 
-    drafter = _copy(pair.drafter, tmp_path / "d", config=big)
+    drafter = mutated_copy(pair.drafter, tmp_path / "d", config=big)
     with pytest.raises(InvalidFileError, match="block_size") as err:
         _dflash(drafter)
     assert "config.json" in str(err.value) and "GB" in str(err.value)
@@ -131,14 +117,14 @@ def test_dflash_zero_heads_names_the_field(pair, tmp_path) -> None:
         c["num_attention_heads"] = 0
         c.pop("head_dim")
 
-    drafter = _copy(pair.drafter, tmp_path / "d", config=zero)
+    drafter = mutated_copy(pair.drafter, tmp_path / "d", config=zero)
     with pytest.raises(InvalidFileError, match="num_attention_heads"):
         _dflash(drafter)
 
 
 @pytest.mark.parametrize("blob", [b'{"hidden', b"", b"[1, 2]", b"\x00\xff\xfe\x01"], ids=["truncated", "empty", "array", "binary"])
 def test_broken_drafter_config_names_the_file_when_the_pipeline_resolves_it(pair, tmp_path, blob) -> None:
-    drafter = _copy(pair.drafter, tmp_path / "d")
+    drafter = mutated_copy(pair.drafter, tmp_path / "d")
     (drafter / "config.json").write_bytes(blob)
     with pytest.raises(InvalidFileError, match="config.json"):
         registry.drafter_for_checkpoint(str(drafter))
@@ -159,7 +145,7 @@ def test_model_drafter_refuses_a_dflash_folder(pair) -> None:
 
 
 def test_model_drafter_refuses_incomplete_weights(pair, tmp_path) -> None:
-    target = _copy(pair.target, tmp_path / "t", weights=_drop("model.embed_tokens.weight"))
+    target = mutated_copy(pair.target, tmp_path / "t", weights=_drop("model.embed_tokens.weight"))
     with pytest.raises(InvalidFileError, match="model.embed_tokens.weight"):
         registry.create("drafter", "model", checkpoint=str(target))
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import attrs
 import torch
 
-__all__ = ["tiny_config", "tiny_model", "save_tiny_target", "TinyPair", "save_tiny_pair"]
+__all__ = ["tiny_config", "tiny_model", "save_tiny_target", "TinyPair", "save_tiny_pair", "mutated_copy"]
 
 Arch = Literal["qwen3", "llama"]
 
@@ -93,3 +93,29 @@ def save_tiny_pair(path: str | Path, *, seed: int = 0, block_size: int = 4, max_
     drafter_dir = DFlashDraftModel(cfg).save_pretrained(root / "drafter")
     return TinyPair(target=target_dir, drafter=Path(drafter_dir))
 
+
+
+def mutated_copy(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    weights: Callable[[dict], dict] | None = None,
+    config: Callable[[dict], Any] | None = None,
+) -> Path:
+    """A copy of the checkpoint folder ``src`` at ``dst`` with its ``model.safetensors`` passed through
+    ``weights`` (tensor dict in, tensor dict out) and its ``config.json`` edited in place by ``config``:
+    the broken checkpoints reliability tests load."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    dst = Path(dst)
+    shutil.copytree(src, dst)
+    if weights is not None:
+        state = load_file(str(dst / "model.safetensors"))
+        save_file(weights(state), str(dst / "model.safetensors"), metadata={"format": "pt"})
+    if config is not None:
+        data = json.loads((dst / "config.json").read_text())
+        config(data)
+        (dst / "config.json").write_text(json.dumps(data))
+    return dst
