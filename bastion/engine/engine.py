@@ -89,7 +89,6 @@ class Engine:
         self._drafts: DraftBatch | None = None
         #: timings -> what the latency model, the controller and the cost models learn, and the records
         self.observer = StepObserver(pipe, self.drafts)
-        self._sampling_key: object = None
         self.last_step: StepSummary | None = None
         self.steps = 0
 

@@ -112,7 +112,7 @@ class HFTargetBatch(TargetBatch):
         if len(trees) != len(self._ctx):
             raise InvalidInputError(f"got {len(trees)} trees for a batch of {len(self._ctx)} rows")
         self._drop_pending()
-        dev, b, s = t.device, len(trees), self._slots
+        dev, s = t.device, self._slots
         width = max(len(tree) for tree in trees)
         for i, (tree, ctx) in enumerate(zip(trees, self._ctx)):
             if ctx + tree.max_depth >= t.max_positions:
