@@ -64,7 +64,7 @@ def _brute_force(rows: list[torch.Tensor], ctxs: list[int], lat: PlantedBatchLat
 
 
 @given(
-    rows=st.lists(st.lists(st.floats(0.0, 6.0), min_size=0, max_size=24), min_size=1, max_size=6),
+    rows=st.lists(st.lists(st.floats(0.0, 6.0), min_size=0, max_size=24), min_size=2, max_size=6),
     ctxs_seed=st.integers(0, 1000),
     base=st.floats(1e-4, 1e-2),
     per_bw=st.floats(0.0, 1e-3),
@@ -72,7 +72,7 @@ def _brute_force(rows: list[torch.Tensor], ctxs: list[int], lat: PlantedBatchLat
     overhead=st.floats(0.0, 5e-3),
     draft=st.floats(0.0, 5e-3),
 )
-def test_chosen_width_is_the_exact_argmax_of_the_predicted_batch_throughput(rows, ctxs_seed, base, per_bw, per_w2, overhead, draft):
+def test_chosen_width_of_two_or_more_rows_is_the_exact_argmax_of_the_predicted_batch_throughput(rows, ctxs_seed, base, per_bw, per_w2, overhead, draft):
     scores = _row_scores(rows)
     rng = np.random.default_rng(ctxs_seed)
     ctxs = rng.integers(1, 500, size=len(scores)).tolist()
@@ -83,6 +83,21 @@ def test_chosen_width_is_the_exact_argmax_of_the_predicted_batch_throughput(rows
     assert objective[decision.n - 1] >= best * (1 - 1e-9)
     assert all(objective[w - 1] < best * (1 - 1e-9) for w in range(1, decision.n))  # smallest among ties
     assert decision.predicted_speedup == pytest.approx(objective[decision.n - 1] / objective[0])
+
+
+@given(
+    row=st.lists(st.floats(0.0, 6.0), min_size=0, max_size=24),
+    ctx=st.integers(1, 500),
+    overhead=st.floats(0.0, 5e-3),
+    draft=st.floats(0.0, 5e-3),
+)
+def test_a_batch_of_one_row_is_decided_as_a_single_sequence(row, ctx, overhead, draft):
+    (scores,) = _row_scores([row])
+    lat = PlantedBatchLatency(1e-3, 1e-4, 1e-6, per_ctx=1e-7)
+    for make in (lambda: BastionController(calibration=False, gate=False), lambda: FixedController(budget=4)):
+        batch = make().decide_width([scores], [ctx], lat, overhead, draft)
+        solo = make().decide(scores, ctx, lat, overhead + draft)
+        assert batch == solo
 
 
 def test_fixed_controller_keeps_its_width_for_the_batch():

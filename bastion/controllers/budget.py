@@ -160,6 +160,9 @@ class BastionController(BudgetController):
         """:meth:`begin` for a batch: the gate's state is kept per (sampling setting, batch size), so
         whether speculation paid at one batch size never decides another's start (nor a single
         sequence's)."""
+        if batch_size == 1:
+            self.begin(sampling)  # a batch of one is a sequence: the single-sequence gate state
+            return
         self._key = sampling_key(sampling)
         self._probe_rows = None
         if self.gate is not None:
@@ -177,6 +180,8 @@ class BastionController(BudgetController):
           cap; from then on every probe drafts, so the acceptance is re-measured now and then;
         - when rows have left the batch since its last speculative step and speculating is now
           predicted to pay, the step probes at once instead of waiting out the back-off."""
+        if len(context_lens) == 1:
+            return self.speculate()  # a single sequence: the gate alone (its costs are learnt in observe)
         self._batch_plain_s = costs.plain_s
         gate = self.gate
         if gate is None:
@@ -378,6 +383,8 @@ class BastionController(BudgetController):
         over a plain batched step, so a batch where W = 1 wins stops drafting and re-probes later."""
         if not log_scores or len(log_scores) != len(context_lens):
             raise InvalidInputError("decide_width needs one log_scores tensor per context length (and at least one row)")
+        if len(log_scores) == 1:  # a single sequence: its tree size by S(n)
+            return self.decide(log_scores[0], int(context_lens[0]), latency, overhead_s + draft_s)
         rows = [_scores_to_numpy(s) for s in log_scores]
         raw = batch_accept_curve([np.exp(r) for r in rows])  # [n_top] sum_i A_hat_i(min(W, n_i))
         cal = batch_accept_curve([self.accept_rates(r) for r in rows])  # [n_top] the same, calibrated
@@ -459,6 +466,8 @@ class FixedController(BudgetController):
         """The fixed budget as the batch width (or the largest tree when every tree is smaller)."""
         if not log_scores:
             raise InvalidInputError("decide_width needs at least one row")
+        if len(log_scores) == 1:
+            return self.decide(log_scores[0], int(context_lens[0]), latency, overhead_s + draft_s)
         width = min(self.budget, max(int(s.shape[0]) for s in log_scores))
         if not self.estimate:
             return BudgetDecision(width)

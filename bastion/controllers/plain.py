@@ -12,14 +12,14 @@ from typing import Sequence
 
 import torch
 
-from bastion.contract.errors import InvalidInputError
-from bastion.contract.interfaces import BatchStepCosts, BudgetController, LatencyModel
+from bastion.contract.interfaces import BatchStepCosts, BudgetController, BudgetDecision, LatencyModel
+from bastion.controllers.full import tree_size
 
 __all__ = ["PlainController"]
 
 
 class PlainController(BudgetController):
-    """Always decodes plainly: :meth:`speculate` is False and the tree size is 1 (the root)."""
+    """Always decodes plainly: :meth:`speculate_batch` is False and the width is 1 (the root)."""
 
     #: the engine skips the drafter entirely under this controller
     drafts = False
@@ -30,10 +30,17 @@ class PlainController(BudgetController):
     def speculate_batch(self, context_lens: Sequence[int], latency: LatencyModel, costs: BatchStepCosts) -> bool:
         return False
 
-    def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
-        if not isinstance(log_scores, torch.Tensor) or log_scores.dim() != 1 or log_scores.shape[0] < 1:
-            raise InvalidInputError("log_scores must be a non-empty 1-D tensor (a tree has at least its root)")
-        return 1
+    def decide_width(
+        self,
+        log_scores: Sequence[torch.Tensor],
+        context_lens: Sequence[int],
+        latency: LatencyModel,
+        overhead_s: float,
+        draft_s: float,
+    ) -> BudgetDecision:
+        for row in log_scores or [None]:
+            tree_size(row)
+        return BudgetDecision(1)
 
     def __repr__(self) -> str:
         return "PlainController()"

@@ -352,11 +352,7 @@ class Engine:
 
     def _begin_batch(self) -> None:
         """Tell the controller the batch (re)started at its current size (a batch of one: a sequence)."""
-        rule = self._rows[0].rule
-        if len(self._rows) == 1:
-            self.pipe.budget_controller.begin(rule)
-        else:
-            self.pipe.budget_controller.begin_batch(rule, len(self._rows))
+        self.pipe.budget_controller.begin_batch(self._rows[0].rule, len(self._rows))
 
     def _leave(self, updates: list[StepUpdate]) -> None:
         """Finished and cancelled rows leave the batch states."""
@@ -411,9 +407,6 @@ class Engine:
         pipe = self.pipe
         controller = pipe.budget_controller
         b = len(ctxs)
-        if b == 1:
-            stage.at("budget_controller", controller, "speculate")
-            return bool(controller.speculate())
         costs = pipe._batch_costs
         stage.at("budget_controller", controller, "speculate_batch")
         return bool(controller.speculate_batch(ctxs, pipe.latency_model, BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b))))
@@ -518,10 +511,6 @@ class Engine:
         controller = pipe.budget_controller
         costs = pipe._batch_costs
         b = len(trees)
-        if b == 1:
-            stage.at("budget_controller", controller, "decide")
-            decision = controller.decide(scores[0], ctxs[0], pipe.latency_model, costs.other(1) + costs.draft(1))
-            return decision, check_decision(controller, decision, len(trees[0]), error=ComponentError)
         stage.at("budget_controller", controller, "decide_width")
         decision = controller.decide_width(scores, ctxs, pipe.latency_model, costs.other(b), costs.draft(b))
         return decision, check_decision(controller, decision, max(len(t) for t in trees), method="decide_width", error=ComponentError)
@@ -533,12 +522,8 @@ class Engine:
             r.rule if r.stream is None else r.stream.for_tree(r.rule, ctx, tree.depths)  # node i: position ctx + d_i + 1
             for r, tree, ctx in zip(rows, trees, ctxs)
         ]
-        if len(rows) == 1:  # a single sequence's verdict
-            stage.at("verifier", pipe.verifier, "verify")
-            verdicts = [pipe.verifier.verify(trees[0], logits[0, : len(trees[0])], row_sampling[0], rows[0].generator)]
-        else:
-            stage.at("verifier", pipe.verifier, "verify_batch")
-            verdicts = pipe.verifier.verify_batch(trees, logits, row_sampling, [r.generator for r in rows])
+        stage.at("verifier", pipe.verifier, "verify_batch")
+        verdicts = pipe.verifier.verify_batch(trees, logits, row_sampling, [r.generator for r in rows])
         strict = getattr(pipe, "strict_verdicts", False)  # a verifier that is not bastion's own, or asked for
         for i, (verdict, tree, r) in enumerate(zip(verdicts, trees, rows)):
             check_verdict(verdict, tree, pipe.target.vocab_size, pipe.verifier)  # host checks: cheap, always on

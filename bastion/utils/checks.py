@@ -215,10 +215,11 @@ def check_greedy_verdict(verdict: Verdict, tree: Tree, logits: torch.Tensor, ver
 
 
 def predict_checked(latency: Any, n_tokens: torch.Tensor, context_len: int) -> torch.Tensor:
-    """``latency.predict_many(n_tokens, context_len)`` as a float64 CPU tensor ``[N]``, checked: one
-    finite, positive number of seconds per size, else :class:`ComponentError` naming the model."""
-    times = latency.predict_many(n_tokens, context_len)
-    return _checked_times(latency, "predict_many", times, n_tokens, f"context {context_len}")
+    """A single sequence's ``latency.predict_batch(n_tokens, [context_len])`` as a float64 CPU tensor
+    ``[N]``, checked: one finite, positive number of seconds per size, else :class:`ComponentError`
+    naming the model."""
+    times = latency.predict_batch(n_tokens, [int(context_len)])
+    return _checked_times(latency, "predict_batch", times, n_tokens, f"context {context_len}")
 
 
 def predict_batch_checked(latency: Any, widths: torch.Tensor, context_lens: Any) -> torch.Tensor:

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from bastion.contract.errors import InvalidInputError
-from bastion.contract.interfaces import Verifier
+from bastion.contract.interfaces import Verifier, check_batch_logits, check_node_logits, single_is_nearer
 from bastion.contract.sampling import sample_rows, sample_tokens
 from bastion.utils.sync import to_host
 from bastion.contract.tree import Tree
@@ -55,12 +55,7 @@ class ExactVerifier(Verifier):
         sampling: SamplingConfig,
         generator: torch.Generator | None = None,
     ) -> Verdict:
-        n = len(tree)
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != n:
-            raise InvalidInputError(
-                f"logits must be a tensor [n, V] with one row per tree node (n = {n}), "
-                f"got {getattr(logits, 'shape', type(logits).__name__)}"
-            )
+        check_node_logits(tree, logits)
         choices = sample_tokens(logits, sampling, generator)  # [n], one target choice per node
         # one device -> host transfer per step: the walk itself is a handful of integer compares
         return _verdict(tree, to_host(choices, "verify"))  # the step's one read of the target's choices
@@ -73,13 +68,11 @@ class ExactVerifier(Verifier):
         generators: Sequence[torch.Generator | None],
     ) -> list[Verdict]:
         """Greedy batches take one argmax over ``logits`` [B, W, V] and one host transfer for all rows;
-        sampled rows draw row by row from their own streams."""
-        if not all(s.greedy for s in sampling):
-            return super().verify_batch(trees, logits, sampling, generators)
-        if logits.dim() != 3 or logits.shape[0] != len(trees) or logits.shape[1] < max(len(t) for t in trees):
-            raise InvalidInputError(
-                f"logits must be [B, W, V] with B = {len(trees)} rows and W >= the largest tree, got {tuple(logits.shape)}"
-            )
+        sampled rows draw row by row from their own streams (and so does every row of a subclass that
+        overrides only :meth:`verify`)."""
+        if not all(s.greedy for s in sampling) or single_is_nearer(self, "verify", "verify_batch"):
+            return super().verify_batch(trees, logits, sampling, generators)  # row by row through verify
+        check_batch_logits(trees, logits)
         choices = to_host(logits.argmax(dim=-1), "verify")  # [B][W], the one host transfer of the step
         return [_verdict(tree, row) for tree, row in zip(trees, choices)]
 

@@ -243,7 +243,9 @@ class RooflineLatency(LatencyModel):
 
     def predict_batch(self, widths: torch.Tensor, context_lens: Sequence[int]) -> torch.Tensor:
         """Seconds of one batched verify (see :meth:`ideal_batch_times`); the residual table is read at
-        ``B * W`` tokens after the longest context."""
+        ``B * W`` tokens after the longest context. One row: :meth:`predict_many`'s cached lines."""
+        if len(context_lens) == 1:
+            return self.predict_many(widths, int(context_lens[0]))
         w = widths.detach().cpu().numpy().astype(np.float64)
         x_c, x_m = self.ideal_batch_times(w, context_lens)
         base = self.params.predict(x_c, x_m) * self.load
