@@ -323,7 +323,7 @@ class InconsistentMany(Linear):
         (NaNPoisoned(), {}, "NaN measurement poisoned"),
         (NaNCrash(), {}, "raised ZeroDivisionError"),
         (Forgetful(base_s=1.0), {"calibration": True}, "calibration"),
-        (InconsistentMany(), {}, "predict_many"),
+        (InconsistentMany(), {}, r"predict\(\) disagrees with predict_batch\(\)"),
     ],
     ids=["negative", "decreasing", "nan", "nan-crash", "no-calibration", "predict-many"],
 )
@@ -386,7 +386,7 @@ class UntypedDecision(Speedup):
         (TensorResult(), "Python int"),
         (Mutating(), "modified log_scores"),
         (Alternating(), "for the same inputs"),
-        (LyingDecision(), r"decide\(\).n="),
+        (LyingDecision(), r"decide_width\(\) returned 2; need 1 <= n <= 1"),
         (UntypedDecision(), "must return a BudgetDecision"),
     ],
     ids=lambda x: type(x).__name__ if not isinstance(x, str) else "",
@@ -430,17 +430,24 @@ class DraftBiased(SampleAndMatch):
 
 
 class NoShapeCheck(SampleAndMatch):
-    def verify(self, tree, logits, sampling, generator=None):
-        return super().verify(tree, logits[: len(tree)], sampling, generator)
+    """A batch-first verifier that never looks at the shape of its logits."""
+
+    def verify_batch(self, trees, logits, sampling, generators):
+        out = []
+        for i, (t, s, g) in enumerate(zip(trees, sampling, generators)):
+            row = logits[min(i, logits.shape[0] - 1), : len(t)]  # [<= n, V]: whatever rows there are
+            row = torch.cat([row, row[-1:].expand(len(t) - row.shape[0], -1)])  # silently padded to [n, V]
+            out.append(SampleAndMatch.verify(self, t, row, s, g))
+        return out
 
 
-class ShapeBug(SampleAndMatch):
+class ShapeBug(NoShapeCheck):
     """Rejects wrongly shaped logits only by accident (a RuntimeError from a tensor op)."""
 
-    def verify(self, tree, logits, sampling, generator=None):
-        if logits.shape[0] != len(tree):
-            torch.zeros(len(tree)) + torch.zeros(logits.shape[0])  # RuntimeError: sizes must match
-        return super().verify(tree, logits, sampling, generator)
+    def verify_batch(self, trees, logits, sampling, generators):
+        if logits.shape[1] < max(len(t) for t in trees) or logits.shape[0] != len(trees):
+            torch.zeros(2) + torch.zeros(3)  # RuntimeError: sizes must match
+        return super().verify_batch(trees, logits, sampling, generators)
 
 
 class BrokenPath(SampleAndMatch):

@@ -9,6 +9,7 @@ folders, the dtype parser, checks, logs, syncs). ``bastion.core`` is the contrac
 keeps working (``from bastion.core import Tree``; ``bastion.core.hf_target`` and the other moved
 modules resolve to their new homes)."""
 
+from bastion.contract.batch_state import DraftBatch
 from bastion.contract.candidates import PROPOSAL_KINDS, CandidateTree, proposal_kind
 from bastion.contract.errors import (
     BastionError,
@@ -45,6 +46,7 @@ __all__ = [
     "BatchStepCosts",
     "BudgetDecision",
     "CandidateTree",
+    "DraftBatch",
     "DraftContext",
     "DraftStep",
     "Drafter",

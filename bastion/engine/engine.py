@@ -277,7 +277,7 @@ class Engine:
                 DraftContext(tokens=r.prompt.clone() if copy else r.prompt, features=None if features is None else features[i])
                 for i, r in enumerate(batch)
             ]
-            if self.solo:
+            if self.solo and _own_sequence_state(pipe.drafter):
                 stage.at("drafter", pipe.drafter, "begin")
                 drafts = SoloDraftBatch(pipe.drafter, contexts[0])
             else:
@@ -565,6 +565,15 @@ class Engine:
         if pipe.validate_trees:
             check_built_tree(tree, root, pipe.target.vocab_size, pipe.max_nodes, builder=pipe.tree_builder)
         return tree
+
+
+def _own_sequence_state(drafter: object) -> bool:
+    """Whether a drafter implements the single-sequence methods itself (``begin`` defined at least as
+    near in its MRO as ``open_batch``): a batch of one then runs on its own state, no fork; a
+    batch-first drafter opens a batch of one instead."""
+    mro = type(drafter).__mro__
+    begin = next(i for i, k in enumerate(mro) if "begin" in vars(k))
+    return begin <= next(i for i, k in enumerate(mro) if "open_batch" in vars(k))
 
 
 class _Chunked:

@@ -26,6 +26,7 @@ import torch
 from bastion.contract.candidates import CandidateTree
 from bastion.contract.interfaces import (
     COMPONENT_INTERFACES,
+    BatchStepCosts,
     BudgetController,
     BudgetDecision,
     Drafter,
@@ -33,6 +34,7 @@ from bastion.contract.interfaces import (
     TreeBuilder,
     Verifier,
 )
+from bastion.contract.batch_state import DraftBatch
 from bastion.contract.errors import InvalidInputError, TreeValidationError
 from bastion.contract.sampling import processed_log_probs, seeded_generator
 from bastion.contract.target import Target
@@ -54,18 +56,21 @@ __all__ = [
 
 
 class FixedLatencyModel(LatencyModel):
-    """A latency model with a fixed law, ``base_s + per_token_s * n + per_context_s * n * context_len``,
-    for testing budget controllers. :meth:`observe` records the measurement and changes nothing."""
+    """A latency model with a fixed law, ``base_s + per_token_s * B * W + per_context_s * B * W * S``
+    for a batch of ``B`` rows of ``W`` slots after a longest context ``S`` (a single sequence: ``B = 1``,
+    ``W = n``), for testing budget controllers. :meth:`observe_batch` records the measurement and
+    changes nothing."""
 
     def __init__(self, base_s: float = 1e-3, per_token_s: float = 2e-5, per_context_s: float = 1e-8) -> None:
         self.base_s, self.per_token_s, self.per_context_s = base_s, per_token_s, per_context_s
-        self.observed: list[tuple[int, int, float]] = []
+        self.observed: list[tuple[int, int, float]] = []  # (B * W, longest context, seconds)
 
-    def predict(self, n_tokens: int, context_len: int) -> float:
-        return self.base_s + self.per_token_s * n_tokens + self.per_context_s * n_tokens * context_len
+    def predict_batch(self, widths: torch.Tensor, context_lens: Sequence[int]) -> torch.Tensor:
+        tokens = widths.double().cpu() * len(context_lens)  # [N] tokens of one forward
+        return self.base_s + self.per_token_s * tokens + self.per_context_s * tokens * max(context_lens)
 
-    def observe(self, n_tokens: int, context_len: int, seconds: float) -> None:
-        self.observed.append((n_tokens, context_len, seconds))
+    def observe_batch(self, width: int, context_lens: Sequence[int], seconds: float) -> None:
+        self.observed.append((width * len(context_lens), max(context_lens), seconds))
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -194,14 +199,18 @@ def check_drafter(
     steps: int = 4,
     seed: int = 0,
 ) -> None:
-    """Check a :class:`~bastion.core.Drafter`.
+    """Check a :class:`~bastion.core.Drafter` through its batch-first method, :meth:`open_batch`.
 
-    Runs ``begin -> (propose, commit) x steps`` twice (with :meth:`reset` in between) and checks: the
-    vocabulary size, ``feature_layers`` type, the declared proposal kind (``proposes``), the proposals
-    (marginals of shape [K, V] that are normalized with no NaN or +inf; or candidate trees rooted at the
-    step's root with parents before children, distinct siblings, log q <= 0 and each node's children
-    carrying probability <= 1), the same proposals on the second run (determinism), a valid proposal at
-    temperature 0.5, and an error for a root token outside the vocabulary.
+    Runs ``open_batch([context]) -> (propose, commit) x steps`` twice and checks: the vocabulary size,
+    ``feature_layers`` type, the declared proposal kind (``proposes``), the proposals (marginals of
+    shape [K, V] that are normalized with no NaN or +inf; or candidate trees rooted at the step's root
+    with parents before children, distinct siblings, log q <= 0 and each node's children carrying
+    probability <= 1), the same proposals on the second run (determinism), a valid proposal at
+    temperature 0.5, and an error for a root token outside the vocabulary. Then a batch of two rows
+    (the same prompt, other roots on the second row) must give each row what a batch of one gives it,
+    and a batch that :meth:`~bastion.contract.batch_state.DraftBatch.keep` cut to its second row must
+    go on as that row alone. A drafter written against the single-sequence methods (``begin``,
+    ``propose``, ``commit``) is checked through the default ``open_batch`` that drives them.
 
     ``target``: bind the drafter to it and take the prompt's features from its prefill (needed by
     drafters that borrow target weights). Without a target, a drafter with non-empty ``feature_layers``
@@ -247,38 +256,66 @@ def check_drafter(
     else:
         features = None
     f_dim = None if features is None else int(features.shape[-1])
-    roots = torch.randint(0, vocab, (steps, 2), generator=gen).tolist()  # a root and one accepted token per step
-    step_feats = [None if f_dim is None else torch.randn(2, f_dim, generator=gen) for _ in range(steps)]
+    context = DraftContext(tokens=ids, features=features)
+    # per row: a root and one accepted token per step, and their features
+    roots = [torch.randint(0, vocab, (steps, 2), generator=gen).tolist() for _ in range(2)]
+    feats = [
+        [None if f_dim is None else torch.randn(2, f_dim, generator=gen).to(device=features.device, dtype=features.dtype) for _ in range(steps)]  # type: ignore[union-attr]
+        for _ in range(2)
+    ]
 
-    def rollout() -> list[torch.Tensor]:
-        drafter.reset()
-        drafter.begin(DraftContext(tokens=ids, features=features))
-        ctx, seen = int(ids.shape[0]), []
-        for i, (root, nxt) in enumerate(roots):
-            m = drafter.propose(DraftStep(root_token=root, context_len=ctx, temperature=1.0))
-            seen.append(_check_proposal(drafter, m, vocab, root, f"step {i}"))
-            feats = step_feats[i]
-            if feats is not None and features is not None:
-                feats = feats.to(device=features.device, dtype=features.dtype)
-            drafter.commit(torch.tensor([root, nxt], dtype=torch.long, device=ids.device), feats)
+    def open_rows(n: int) -> Any:
+        batch = drafter.open_batch([context] * n)
+        _require(isinstance(batch, DraftBatch), drafter, f"open_batch() must return a bastion DraftBatch, got {type(batch).__name__}")
+        return batch
+
+    def rollout(rows: Sequence[int], keep_after: int | None = None) -> list[list[torch.Tensor]]:
+        """Proposals of a batch of ``rows`` (indices into ``roots``); with ``keep_after`` the batch keeps
+        only its last row after that many steps."""
+        batch, live = open_rows(len(rows)), list(rows)
+        seen: list[list[torch.Tensor]] = [[] for _ in rows]
+        ctx = int(ids.shape[0])
+        for i in range(steps):
+            if keep_after is not None and i == keep_after:
+                batch.keep([len(live) - 1])
+                live = live[-1:]
+            props = batch.propose([DraftStep(root_token=roots[r][i][0], context_len=ctx, temperature=1.0) for r in live])
+            _require(
+                isinstance(props, list) and len(props) == len(live),
+                drafter,
+                f"DraftBatch.propose() must return a list of {len(live)} proposals, got {type(props).__name__} of {len(props) if hasattr(props, '__len__') else '?'}",
+            )
+            for r, p in zip(live, props):
+                seen[rows.index(r)].append(_check_proposal(drafter, p, vocab, roots[r][i][0], f"row {r}, step {i}"))
+            batch.commit([torch.tensor(roots[r][i], dtype=torch.long, device=ids.device) for r in live], [feats[r][i] for r in live])
             ctx += 2
         return seen
 
-    first, second = rollout(), rollout()
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5))
+
+    (first,), (second,) = rollout([0]), rollout([0])
     for i, (a, b) in enumerate(zip(first, second)):
         _require(
-            a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5)),
+            same(a, b),
             drafter,
-            f"propose() is not deterministic: after reset() and the same begin/commit calls, step {i} "
-            "returned a different proposal",
+            f"propose() is not deterministic: two batches opened on the same context and given the same commits "
+            f"returned different proposals at step {i}",
         )
-    drafter.reset()
-    drafter.begin(DraftContext(tokens=ids, features=features))
-    cold = drafter.propose(DraftStep(root_token=roots[0][0], context_len=int(ids.shape[0]), temperature=0.5))
-    _check_proposal(drafter, cold, vocab, roots[0][0], "temperature 0.5")
+    (other,) = rollout([1])
+    pair = rollout([0, 1])
+    for r, solo in enumerate((first, other)):
+        for i, (a, b) in enumerate(zip(solo, pair[r])):
+            _require(same(a, b), drafter, f"row {r} of a batch of two proposed differently from a batch of one at step {i}")
+    cut = rollout([0, 1], keep_after=1)[1]
+    for i, (a, b) in enumerate(zip(other, cut)):
+        _require(same(a, b), drafter, f"after keep() the kept row proposed differently from a batch of one at step {i}")
+    cold = open_rows(1).propose([DraftStep(root_token=roots[0][0][0], context_len=int(ids.shape[0]), temperature=0.5)])
+    _check_proposal(drafter, cold[0] if isinstance(cold, list) and cold else cold, vocab, roots[0][0][0], "temperature 0.5")
+    bad = open_rows(1)
     _require_error(
         drafter,
-        lambda: drafter.propose(DraftStep(root_token=vocab, context_len=int(ids.shape[0]), temperature=1.0)),
+        lambda: bad.propose([DraftStep(root_token=vocab, context_len=int(ids.shape[0]), temperature=1.0)]),
         f"propose() must raise for a root token outside the vocabulary (root_token={vocab})",
     )
     drafter.reset()
@@ -428,45 +465,45 @@ def check_latency_model(
     *,
     n_tokens: Sequence[int] = (1, 2, 8, 32, 128),
     context_lens: Sequence[int] = (1, 64, 1024),
+    batch_sizes: Sequence[int] = (1, 2, 4),
     monotone: bool = True,
     calibration: bool = False,
 ) -> None:
-    """Check a :class:`~bastion.core.LatencyModel`.
+    """Check a :class:`~bastion.core.LatencyModel` through its batch-first methods.
 
-    Predictions are finite, positive floats; ``predict_many`` agrees with ``predict``; with
-    ``monotone`` predictions never decrease as the tree grows; after :meth:`observe` has been fed
-    measurements from a linear law, predictions stay finite, positive (and monotone); a NaN measurement
-    is rejected with :class:`~bastion.core.InvalidInputError` or ignored, never allowed to poison later
-    predictions. With
-    ``calibration`` the predictions must also land within a factor of 2 of the law it observed.
+    ``predict_batch`` returns a tensor [N] of finite, positive seconds for batches of each size in
+    ``batch_sizes`` (rows at the context lengths given); the single-sequence ``predict`` agrees with a
+    batch of one row; with ``monotone`` a single sequence's predictions never decrease as the tree grows; after
+    ``observe_batch`` has been fed measurements of one row from a linear law, predictions stay finite,
+    positive (and, for one row, monotone); a NaN measurement is rejected with :class:`~bastion.core.InvalidInputError`
+    or ignored, never allowed to poison later predictions. With ``calibration`` the one-row predictions
+    must also land within a factor of 2 of the law it observed. A model written against the
+    single-sequence methods is checked through the batch-first defaults that call them.
     """
     _check_type(model, LatencyModel)
+    widths = torch.tensor(list(n_tokens), dtype=torch.long)  # [N]
 
     def sweep(stage: str) -> None:
         for c in context_lens:
-            prev = None
-            for n in n_tokens:
-                t = model.predict(n, c)
+            for b in batch_sizes:
+                ctxs = [c] * b
+                where = f"{stage}: predict_batch({list(n_tokens)}, {b} rows at context {c})"
+                times = model.predict_batch(widths, ctxs)
                 _require(
-                    isinstance(t, (int, float)) and not isinstance(t, bool),
+                    isinstance(times, torch.Tensor) and tuple(times.shape) == (len(n_tokens),),
                     model,
-                    f"{stage}: predict({n}, {c}) must return a float, got {type(t).__name__}",
+                    f"{where} must return a tensor [N], got {getattr(times, 'shape', type(times).__name__)}",
                 )
-                _require(math.isfinite(t) and t > 0, model, f"{stage}: predict({n}, {c}) = {t!r}; need a finite value > 0")
-                if monotone and prev is not None:
-                    _require(t >= prev * (1 - 1e-9), model, f"{stage}: predict() decreases from {prev!r} to {t!r} as n grows to {n} (context {c})")
-                prev = t
-            many = model.predict_many(torch.tensor(list(n_tokens), dtype=torch.long), c)
-            _require(
-                isinstance(many, torch.Tensor) and tuple(many.shape) == (len(n_tokens),),
-                model,
-                f"{stage}: predict_many() must return a tensor [N], got {getattr(many, 'shape', type(many).__name__)}",
-            )
+                t = times.double().cpu()
+                _require(bool(torch.isfinite(t).all() and (t > 0).all()), model, f"{where} = {t.tolist()}; need a finite value > 0 for each width")
+                if monotone and b == 1:
+                    _require(bool((t[1:] >= t[:-1] * (1 - 1e-9)).all()), model, f"{where} = {t.tolist()} decreases as the tree grows")
+            one = model.predict_batch(widths, [c]).double().cpu()
             single = torch.tensor([model.predict(n, c) for n in n_tokens], dtype=torch.float64)
             _require(
-                bool(torch.allclose(many.double().cpu(), single, rtol=1e-5, atol=1e-12)),
+                bool(torch.allclose(one, single, rtol=1e-5, atol=1e-12)),
                 model,
-                f"{stage}: predict_many() disagrees with predict() at context {c}",
+                f"{stage}: predict() disagrees with predict_batch() of one row at context {c}",
             )
 
     sweep("before observe")
@@ -477,28 +514,28 @@ def check_latency_model(
     for _ in range(8):
         for n in n_tokens:
             for c in context_lens:
-                model.observe(n, c, law(n, c))
+                model.observe_batch(n, [c], law(n, c))
     sweep("after observe")
     if calibration:
         for n in n_tokens:
             for c in context_lens:
-                t, want = model.predict(n, c), law(n, c)
+                t, want = float(model.predict_batch(torch.tensor([n]), [c])[0]), law(n, c)
                 _require(
                     want / 2 <= t <= want * 2,
                     model,
                     f"calibration: after observing {want:.3g}s at (n={n}, context={c}) it predicts {t:.3g}s",
                 )
     try:
-        model.observe(n_tokens[0], context_lens[0], float("nan"))
+        model.observe_batch(n_tokens[0], [context_lens[0]], float("nan"))
     except DOCUMENTED_ERRORS:
         pass  # rejecting the measurement is fine; any other exception is a bug
     except Exception as exc:
         raise AssertionError(
-            f"{_name(model)}: observe() of a NaN measurement raised {type(exc).__name__}: {exc}; "
+            f"{_name(model)}: observe_batch() of a NaN measurement raised {type(exc).__name__}: {exc}; "
             "ignore it or raise bastion.core.InvalidInputError"
         ) from exc
-    t = model.predict(n_tokens[0], context_lens[0])
-    _require(math.isfinite(t) and t > 0, model, f"a NaN measurement poisoned predict(): got {t!r}")
+    t = float(model.predict_batch(torch.tensor([n_tokens[0]]), [context_lens[0]])[0])
+    _require(math.isfinite(t) and t > 0, model, f"a NaN measurement poisoned predict_batch(): got {t!r}")
 
 
 # ---------------------------------------------------------------------------------------------- budget controller
@@ -512,57 +549,84 @@ def check_budget_controller(
     deterministic: bool = True,
     seed: int = 0,
 ) -> None:
-    """Check a :class:`~bastion.core.BudgetController`.
+    """Check a :class:`~bastion.core.BudgetController` through its batch-first methods.
 
-    For best-first score vectors (non-increasing log rho, root 0.0) of several sizes, context lengths
-    and overheads: ``choose`` returns an ``int`` n with 1 <= n <= n_max, leaves ``log_scores`` untouched,
-    ``decide`` returns a :class:`~bastion.core.BudgetDecision` for the same n with a finite (or no)
-    predicted speedup, returns the same n for the same inputs (unless
-    ``deterministic=False``), and raises for an empty score vector. ``latency`` defaults to
-    :class:`FixedLatencyModel`.
+    ``begin_batch`` and ``speculate_batch`` (which must return a bool) run for batches of one and three
+    rows. For best-first score vectors (non-increasing log rho, root 0.0) of several sizes, context
+    lengths and overheads, ``decide_width`` of one row returns a :class:`~bastion.core.BudgetDecision`
+    with an ``int`` n, 1 <= n <= n_max, a finite (or no) predicted speedup, leaves ``log_scores``
+    untouched and returns the same n for the same inputs (unless ``deterministic=False``), which the
+    single-sequence ``choose`` returns too; for three rows of different sizes, 1 <= n <= the largest.
+    ``decide_width`` must raise for an empty score vector. ``latency`` defaults to
+    :class:`FixedLatencyModel`. A controller written against the single-sequence methods (``choose``
+    or ``decide``) is checked through the batch-first defaults that call them.
     """
     _check_type(controller, BudgetController)
     latency = latency or FixedLatencyModel()
     gen = seeded_generator(seed)
-    for n_max in sizes:
+    costs = BatchStepCosts(overhead_s=1e-3, draft_s=1e-3, plain_s=1e-3)
+    for rows in (1, 3):
+        controller.begin_batch(SamplingConfig(temperature=0.0), rows)
+        ok = controller.speculate_batch([context_lens[0]] * rows, latency, costs)
+        _require(isinstance(ok, bool), controller, f"speculate_batch() of {rows} rows must return a bool, got {type(ok).__name__}")
+    controller.begin_batch(SamplingConfig(temperature=0.0), 1)
+
+    def scores_of(n_max: int) -> torch.Tensor:
         steps = torch.rand(n_max - 1, generator=gen) * 2.0  # per-node drop in log rho
-        scores = torch.cat([torch.zeros(1), -torch.cumsum(steps, 0)])  # [n_max], root 0.0, non-increasing
+        return torch.cat([torch.zeros(1), -torch.cumsum(steps, 0)])  # [n_max], root 0.0, non-increasing
+
+    def checked_n(where: str, method: str, n: object, rows: list[torch.Tensor], before: list[torch.Tensor]) -> int:
+        top = max(len(r) for r in rows)
+        _require(isinstance(n, int) and not isinstance(n, bool), controller, f"{where}: {method} must return a Python int, got {type(n).__name__}")
+        assert isinstance(n, int)
+        _require(1 <= n <= top, controller, f"{where}: {method} returned {n}; need 1 <= n <= {top}")
+        _require(all(torch.equal(r, b) for r, b in zip(rows, before)), controller, f"{where}: {method} modified log_scores in place")
+        return n
+
+    def decision_of(where: str, rows: list[torch.Tensor], ctxs: list[int], ov: float) -> int:
+        before = [r.clone() for r in rows]
+        decision = controller.decide_width(rows, ctxs, latency, ov, 0.0)
+        _require(
+            isinstance(decision, BudgetDecision),
+            controller,
+            f"{where}: decide_width() must return a BudgetDecision, got {type(decision).__name__}",
+        )
+        n = checked_n(where, "decide_width()", decision.n, rows, before)
+        s = decision.predicted_speedup
+        _require(
+            s is None or (isinstance(s, (int, float)) and math.isfinite(s)),
+            controller,
+            f"{where}: decide_width().predicted_speedup must be None or finite, got {s!r}",
+        )
+        return n
+
+    def chosen(where: str, scores: torch.Tensor, c: int, ov: float) -> int:
+        """The single-sequence adapter ``choose``, checked like ``decide_width``."""
+        before = [scores.clone()]
+        return checked_n(where, "choose()", controller.choose(scores, c, latency, ov), [scores], before)
+
+    for n_max in sizes:
+        scores = scores_of(n_max)
         for c in context_lens:
             for ov in overheads:
-                where = f"n_max={n_max}, context_len={c}, overhead_s={ov}"
-                before = scores.clone()
-                n = controller.choose(scores, c, latency, ov)
-                _require(
-                    isinstance(n, int) and not isinstance(n, bool),
-                    controller,
-                    f"{where}: choose() must return a Python int, got {type(n).__name__}",
-                )
-                _require(1 <= n <= n_max, controller, f"{where}: choose() returned {n}; need 1 <= n <= {n_max}")
-                _require(torch.equal(scores, before), controller, f"{where}: choose() modified log_scores in place")
+                where = f"one row, n_max={n_max}, context_len={c}, overhead_s={ov}"
+                n = decision_of(where, [scores], [c], ov)
+                k = chosen(where, scores, c, ov)
                 if deterministic:
-                    again = controller.choose(scores, c, latency, ov)
-                    _require(again == n, controller, f"{where}: choose() returned {n} then {again} for the same inputs")
-                decision = controller.decide(scores, c, latency, ov)
-                _require(
-                    isinstance(decision, BudgetDecision),
-                    controller,
-                    f"{where}: decide() must return a BudgetDecision, got {type(decision).__name__}",
-                )
-                _require(
-                    not deterministic or decision.n == n,
-                    controller,
-                    f"{where}: decide().n={decision.n} but choose() returned {n}",
-                )
-                s = decision.predicted_speedup
-                _require(
-                    s is None or (isinstance(s, (int, float)) and math.isfinite(s)),
-                    controller,
-                    f"{where}: decide().predicted_speedup must be None or finite, got {s!r}",
-                )
+                    again = decision_of(where, [scores], [c], ov)
+                    _require(again == n, controller, f"{where}: decide_width() returned {n} then {again} for the same inputs")
+                    k_again = chosen(where, scores, c, ov)
+                    _require(k_again == k, controller, f"{where}: choose() returned {k} then {k_again} for the same inputs")
+                    _require(k == n, controller, f"{where}: choose() returned {k}, decide_width() of one row {n}")
+    controller.begin_batch(SamplingConfig(temperature=0.0), 3)
+    for ov in overheads:
+        rows = [scores_of(n) for n in (3, 40, 1)]
+        decision_of(f"three rows of 3, 40 and 1 nodes, overhead_s={ov}", rows, [5, 900, 60], ov)
+    controller.begin_batch(SamplingConfig(temperature=0.0), 1)
     _require_error(
         controller,
-        lambda: controller.choose(torch.zeros(0), 1, latency, 0.0),
-        "choose() must raise for empty log_scores (a tree has at least its root)",
+        lambda: controller.decide_width([torch.zeros(0)], [1], latency, 0.0, 0.0),
+        "decide_width() must raise for empty log_scores (a tree has at least its root)",
     )
 
 
@@ -598,16 +662,20 @@ def check_verifier(
     alpha: float = DEFAULT_ALPHA,
     seed: int = 0,
 ) -> None:
-    """Check a :class:`~bastion.core.Verifier`.
+    """Check a :class:`~bastion.core.Verifier` through its batch-first method, ``verify_batch``.
 
-    Greedy (temperature 0): on a fixed tree with random target logits, the verdict is exactly the
-    greedy walk (follow the child whose token is the target's argmax; the bonus is the argmax where the
-    walk stops), with a well-formed path. Sampling (when ``supports_sampling``): verdicts are well formed,
+    Greedy (temperature 0): on a fixed tree with random target logits, a batch of one row's verdict is
+    exactly the greedy walk (follow the child whose token is the target's argmax; the bonus is the argmax
+    where the walk stops), with a well-formed path; in a batch of three rows (the tree, a root-only tree
+    and the tree again, logits padded to the widest) each row's verdict is its own greedy walk, and so is
+    ``next_tokens`` for plain steps. Sampling (when ``supports_sampling``): verdicts are well formed,
     repeat for the same generator seed, never emit a token top-k filtering removed, and are lossless:
     over ``trials`` draws the joint distribution of the first two emitted tokens must fit the target's
     own (chi-square goodness of fit at false-alarm rate ``alpha``, see :mod:`bastion.testing.stats`:
-    the acceptance region follows from ``trials``; more trials detect smaller deviations). Wrongly
-    shaped logits must raise :class:`~bastion.core.InvalidInputError`.
+    the acceptance region follows from ``trials``; more trials detect smaller deviations). Logits with
+    fewer slots than the tree, or for another number of rows, must raise
+    :class:`~bastion.core.InvalidInputError`. A verifier written against the single-sequence ``verify``
+    is checked through the default ``verify_batch`` that calls it.
     """
     _check_type(verifier, Verifier)
     _require(vocab_size >= 6, verifier, "check_verifier needs vocab_size >= 6 (its test tree uses tokens 0..5)")
@@ -632,18 +700,62 @@ def check_verifier(
             node = nxt[0]
             want.append(node)
         where = f"greedy trial {trial}"
-        v = verifier.verify(tree, logits, greedy, None)
+        v = _verify_one(verifier, tree, logits, greedy, None, where)
         path = _check_verdict(verifier, tree, v, vocab_size, where)
         _require(path == want, verifier, f"{where}: accepted path {path}, the target's greedy walk is {want}")
         bonus = int(logits[want[-1]].argmax())
         _require(v.bonus_token == bonus, verifier, f"{where}: bonus_token {v.bonus_token}, the target's argmax is {bonus}")
+        _check_greedy_batch(verifier, tree, logits, v, vocab_size, where)
     _require_error(
         verifier,
-        lambda: verifier.verify(tree, torch.randn(n + 1, vocab_size), greedy, None),
-        f"verify() must raise when logits have {n + 1} rows for a tree of {n} nodes",
+        lambda: verifier.verify_batch([tree], torch.randn(1, n - 1, vocab_size), [greedy], [None]),
+        f"verify_batch() must raise when logits have {n - 1} slots for a tree of {n} nodes",
+    )
+    _require_error(
+        verifier,
+        lambda: verifier.verify_batch([tree], torch.randn(2, n, vocab_size), [greedy], [None]),
+        "verify_batch() must raise when logits hold 2 rows for 1 tree",
     )
     if verifier.supports_sampling:
         _check_sampling(verifier, tree, vocab_size, trials, alpha, gen)
+
+
+def _verify_one(
+    verifier: Verifier, tree: Tree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None, where: str
+) -> Verdict:
+    """The verdict of a batch of one row (``logits`` [n, V])."""
+    verdicts = verifier.verify_batch([tree], logits[None], [sampling], [generator])
+    _require(
+        isinstance(verdicts, list) and len(verdicts) == 1,
+        verifier,
+        f"{where}: verify_batch() of one row must return a list of one verdict, got {type(verdicts).__name__}",
+    )
+    return verdicts[0]
+
+
+def _check_greedy_batch(verifier: Verifier, tree: Tree, logits: torch.Tensor, solo: Verdict, vocab: int, where: str) -> None:
+    """Rows of a padded greedy batch (the tree, a root-only tree, the tree) get their own verdicts, and
+    ``next_tokens`` the argmax after each root."""
+    n = logits.shape[0]
+    root = Tree.from_parents([int(tree.tokens[0])], [-1])
+    pad = -logits[1:]  # padding slots: meaningless values, whatever they hold
+    batch = torch.stack([logits, torch.cat([logits[:1], pad]), logits])  # [3, n, V]
+    greedy = SamplingConfig(temperature=0.0)
+    verdicts = verifier.verify_batch([tree, root, tree], batch, [greedy] * 3, [None] * 3)
+    _require(isinstance(verdicts, list) and len(verdicts) == 3, verifier, f"{where}: verify_batch() of three rows must return three verdicts")
+    for i, want in enumerate((solo, None, solo)):
+        row_tree = root if want is None else tree
+        path = _check_verdict(verifier, row_tree, verdicts[i], vocab, f"{where}, batch row {i}")
+        if want is None:
+            _require(path == [0], verifier, f"{where}, batch row {i}: a root-only tree accepted {path}")
+            want_bonus = int(logits[0].argmax())
+        else:
+            _require(path == want.accepted_nodes.tolist(), verifier, f"{where}, batch row {i}: path {path} differs from a batch of one's")
+            want_bonus = want.bonus_token
+        _require(verdicts[i].bonus_token == want_bonus, verifier, f"{where}, batch row {i}: bonus {verdicts[i].bonus_token}, want {want_bonus}")
+    nxt = verifier.next_tokens([int(tree.tokens[0])] * 2, torch.stack([logits[0], logits[1]]), [greedy] * 2, [None] * 2)
+    want_next = [int(logits[0].argmax()), int(logits[1].argmax())]
+    _require(list(nxt) == want_next, verifier, f"{where}: next_tokens() returned {list(nxt)}, the target's argmax is {want_next}")
 
 
 def _check_sampling(
@@ -669,7 +781,7 @@ def _check_sampling(
     seen: Counter[tuple[int, ...]] = Counter()
     g = seeded_generator(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
     for t in range(trials):
-        v = verifier.verify(tree, logits, sampling, g)
+        v = _verify_one(verifier, tree, logits, sampling, g, f"sampling trial {t}")
         _check_verdict(verifier, tree, v, vocab, f"sampling trial {t}")
         seen[tuple(v.emitted[:2])] += 1
     try:
@@ -679,12 +791,12 @@ def _check_sampling(
     runs = []
     for _ in range(2):
         g2 = seeded_generator(1234)
-        runs.append([verifier.verify(tree, logits, sampling, g2).emitted for _ in range(20)])
+        runs.append([_verify_one(verifier, tree, logits, sampling, g2, "seeded run").emitted for _ in range(20)])
     _require(runs[0] == runs[1], verifier, "sampling verdicts differ for the same generator seed")
     top2 = SamplingConfig(temperature=1.0, top_k=2)
     allowed = set(torch.topk(logits[0], 2).indices.tolist())
     for t in range(50):
-        v = verifier.verify(tree, logits, top2, g)
+        v = _verify_one(verifier, tree, logits, top2, g, f"top_k=2 trial {t}")
         _check_verdict(verifier, tree, v, vocab, f"top_k=2 trial {t}")
         _require(
             v.emitted[0] in allowed,

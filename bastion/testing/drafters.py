@@ -97,6 +97,8 @@ class NoisyOracleDrafter(Drafter):
     def propose(self, step: DraftStep) -> Marginals:
         if self._cache is None:
             raise InvalidInputError("propose() before begin(): start a sequence first")
+        if not 0 <= int(step.root_token) < self.vocab_size:
+            raise InvalidInputError(f"root_token must lie in [0, {self.vocab_size}), got {step.root_token}")
         feed = self._tokens[self._cached :] + [int(step.root_token)]
         logits = self._extend(feed)  # [V], reference next-token logits after the root
         self._cached = len(self._tokens)

@@ -72,9 +72,28 @@ def test_bad_options_raise_invalid_input(options):
 def test_bad_calls_raise_invalid_input():
     with pytest.raises(InvalidInputError, match="vocab_size is unknown"):
         _begin(NGramDrafter(), [1])
-    with pytest.raises(InvalidInputError, match="call begin"):
+    with pytest.raises(InvalidInputError, match="before begin"):
         NGramDrafter(vocab_size=5).propose(DraftStep(root_token=1, context_len=0))
     with pytest.raises(InvalidInputError, match=r"lie in \[0, 5\)"):
         _begin(NGramDrafter(vocab_size=5), [1, 9])
     with pytest.raises(InvalidInputError, match="root_token"):
         _begin(NGramDrafter(vocab_size=5), [1]).propose(DraftStep(root_token=5, context_len=1))
+
+
+def test_each_row_of_a_batch_searches_its_own_history():
+    d = NGramDrafter(vocab_size=10, depth=2)
+    batch = d.open_batch([DraftContext(tokens=torch.tensor(t), features=None) for t in ([1, 2, 3, 1], [4, 5, 6, 4])])
+    a, b = batch.propose([DraftStep(root_token=2, context_len=4), DraftStep(root_token=5, context_len=4)])
+    assert a.log_probs.argmax(dim=-1).tolist() == [3, 1] and b.log_probs.argmax(dim=-1).tolist() == [6, 4]
+    batch.keep([1])
+    batch.commit([torch.tensor([5, 6])], [None])
+    (c,) = batch.propose([DraftStep(root_token=4, context_len=6)])
+    assert c.log_probs.argmax(dim=-1).tolist() == [5, 6]
+
+
+def test_a_joining_batch_adds_its_rows_after_the_running_ones():
+    d = NGramDrafter(vocab_size=10, depth=1)
+    running = d.open_batch([DraftContext(tokens=torch.tensor([1, 2, 5, 1]), features=None)])
+    running.extend(d.open_batch([DraftContext(tokens=torch.tensor([7, 8, 6, 7]), features=None)]))
+    a, b = running.propose([DraftStep(root_token=2, context_len=4), DraftStep(root_token=8, context_len=4)])
+    assert int(a.log_probs[0].argmax()) == 5 and int(b.log_probs[0].argmax()) == 6

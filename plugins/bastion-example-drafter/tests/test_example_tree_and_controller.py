@@ -37,10 +37,26 @@ def test_fan_builder_never_adds_a_token_the_drafter_rules_out():
 
 def test_threshold_controller_keeps_the_leading_nodes_above_the_threshold():
     scores = torch.log(torch.tensor([1.0, 0.9, 0.5, 0.3, 0.05]))
-    assert ThresholdController(threshold=0.4).choose(scores, 10, None, 0.0) == 3
-    assert ThresholdController(threshold=0.4, max_budget=2).choose(scores, 10, None, 0.0) == 2
+    assert ThresholdController(threshold=0.4).decide_width([scores], [10], None, 0.0, 0.0).n == 3
+    assert ThresholdController(threshold=0.4, max_budget=2).decide_width([scores], [10], None, 0.0, 0.0).n == 2
+    assert ThresholdController(threshold=0.4).choose(scores, 10, None, 0.0) == 3  # the single-sequence adapter
     with pytest.raises(InvalidInputError):
         ThresholdController(threshold=1.5)
+
+
+def test_threshold_controller_gives_a_batch_its_widest_rows_count():
+    rows = [torch.log(torch.tensor([1.0, 0.9, 0.05])), torch.log(torch.tensor([1.0, 0.9, 0.8, 0.7, 0.01]))]
+    assert ThresholdController(threshold=0.4).decide_width(rows, [3, 9], None, 0.0, 0.0).n == 4
+
+
+def test_batched_rows_with_all_three_example_components_equal_their_greedy_references():
+    model = tiny_model("qwen3")
+    pipe = bastion.Pipeline(model, NGramDrafter(), tree_builder="example-fan", budget_controller="example-threshold",
+                            component_options={"tree_builder": {"width": 2}, "budget_controller": {"threshold": 0.05}})
+    prompts = [[5, 9, 17, 5, 9, 17, 5, 9], [3, 4, 3, 4, 3, 4], [8, 1, 2]]
+    results = pipe.generate_batch(prompts, 12, stop_on_eos=False)
+    for prompt, res in zip(prompts, results):
+        assert res.tokens == greedy_reference(model, torch.tensor([prompt]), 12)
 
 
 def test_a_pipeline_with_all_three_example_components_is_lossless():

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 
-from bastion.core import BudgetController, InvalidInputError, LatencyModel
+from bastion.core import BudgetController, BudgetDecision, InvalidInputError, LatencyModel
 
 
 class ThresholdController(BudgetController):
@@ -16,7 +17,11 @@ class ThresholdController(BudgetController):
     The tree builder lists nodes so that every prefix is a tree, and a best-first builder in order of
     non-increasing rho, so the first ``n`` nodes are the ones to keep: ``n`` counts the leading nodes
     above the threshold. It ignores the latency model (the built-in ``bastion`` controller weighs the
-    predicted speedup instead)."""
+    predicted speedup instead).
+
+    Written against bastion's batch-first controller interface: :meth:`decide_width` sees every row of
+    the step (a single sequence is one row) and gives the batch the widest row's count, so no row
+    verifies fewer of its likely nodes than it would alone."""
 
     def __init__(self, threshold: float = 0.1, max_budget: int = 64) -> None:
         if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0.0 <= threshold <= 1.0:
@@ -26,7 +31,20 @@ class ThresholdController(BudgetController):
         self.threshold = float(threshold)
         self.max_budget = max_budget
 
-    def choose(self, log_scores: torch.Tensor, context_len: int, latency: LatencyModel, overhead_s: float) -> int:
+    def decide_width(
+        self,
+        log_scores: Sequence[torch.Tensor],
+        context_lens: Sequence[int],
+        latency: LatencyModel,
+        overhead_s: float,
+        draft_s: float,
+    ) -> BudgetDecision:
+        if not log_scores:
+            raise InvalidInputError("decide_width() needs at least one row of log_scores")
+        return BudgetDecision(max(self._leading(row) for row in log_scores))
+
+    def _leading(self, log_scores: torch.Tensor) -> int:
+        """How many leading nodes of one row are above the threshold (at most ``max_budget``)."""
         if not isinstance(log_scores, torch.Tensor) or log_scores.dim() != 1 or log_scores.numel() == 0:
             raise InvalidInputError("log_scores must be a non-empty 1-D tensor (the root first)")
         cut = math.log(self.threshold) if self.threshold > 0.0 else -math.inf

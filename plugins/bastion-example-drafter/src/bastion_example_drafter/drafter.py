@@ -5,18 +5,24 @@ query, finds every earlier occurrence of that n-gram in the sequence, and counts
 each occurrence 1, 2, ..., K positions later. Depth k's marginal q_k is those counts (longer n-grams
 weigh more) mixed with a small uniform pseudo-count, so every log-probability is finite. Drafting needs
 no target features and no weights; the cost is a few vectorized comparisons over the context.
+
+It is written against bastion's batch-first drafter interface: :meth:`NGramDrafter.open_batch` starts
+an :class:`NGramBatch` holding one history per row (rows join with ``extend`` and leave with ``keep``
+between steps). The single-sequence calls (``begin``, ``propose``, ``commit``) come from bastion's
+adapters, a batch of one.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 
-from bastion.core import DraftContext, DraftStep, Drafter, InvalidInputError, Marginals
+from bastion.core import DraftBatch, DraftContext, DraftStep, Drafter, InvalidInputError, Marginals
 from bastion.contract.target import Target
 
-__all__ = ["NGramDrafter"]
+__all__ = ["NGramBatch", "NGramDrafter"]
 
 
 class NGramDrafter(Drafter):
@@ -58,7 +64,6 @@ class NGramDrafter(Drafter):
         self.min_ngram = int(min_ngram)
         self.smoothing = float(smoothing)
         self.ngram_weight = float(ngram_weight)
-        self._history: torch.Tensor | None = None  # [L] long, committed tokens
 
     # ------------------------------------------------------------------ Drafter interface
     def bind(self, target: Target) -> None:
@@ -71,17 +76,22 @@ class NGramDrafter(Drafter):
             raise InvalidInputError("vocab_size is unknown: pass vocab_size= or bind the drafter to a target")
         return self._vocab_size
 
-    def begin(self, context: DraftContext) -> None:
+    def open_batch(self, contexts: Sequence[DraftContext]) -> "NGramBatch":
+        return NGramBatch(self, [self._history_of(c) for c in contexts])
+
+    # ------------------------------------------------------------------ internals
+    def _history_of(self, context: DraftContext) -> torch.Tensor:
+        """A row's committed tokens [L], checked."""
         tokens = context.tokens
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.numel() < 1:
             raise InvalidInputError("DraftContext.tokens must be a non-empty 1-D LongTensor [L]")
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.vocab_size:
             raise InvalidInputError(f"context tokens must lie in [0, {self.vocab_size}), found [{lo}, {hi}]")
-        self._history = tokens.detach().to(torch.long).clone()
+        return tokens.detach().to(torch.long).clone()
 
-    def propose(self, step: DraftStep) -> Marginals:
-        history = self._require_history()
+    def _propose_one(self, history: torch.Tensor, step: DraftStep) -> Marginals:
+        """One row's marginals [K, V] after ``history`` [L] and the step's root."""
         root = step.root_token
         if not _is_int(root) or not 0 <= root < self.vocab_size:
             raise InvalidInputError(f"root_token must be an int in [0, {self.vocab_size}), got {root!r}")
@@ -91,21 +101,6 @@ class NGramDrafter(Drafter):
         total = counts.sum(dim=-1, keepdim=True)  # [K, 1]
         log_probs = torch.log(counts + self.smoothing / v) - torch.log(total + self.smoothing)  # [K, V]
         return Marginals.from_logits(log_probs, temperature=step.temperature)
-
-    def commit(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
-        history = self._require_history()
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1:
-            raise InvalidInputError("commit() takes a 1-D LongTensor [m] of tokens")
-        self._history = torch.cat([history, tokens.detach().to(device=history.device, dtype=torch.long)])
-
-    def reset(self) -> None:
-        self._history = None
-
-    # ------------------------------------------------------------------ internals
-    def _require_history(self) -> torch.Tensor:
-        if self._history is None:
-            raise InvalidInputError("call begin() with the prompt before propose() or commit()")
-        return self._history
 
     def _continuation_counts(self, seq: torch.Tensor) -> torch.Tensor:
         """Weighted counts ``[K, V]`` of the tokens found k = 1..K positions after earlier occurrences of
@@ -127,3 +122,34 @@ class NGramDrafter(Drafter):
 
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+class NGramBatch(DraftBatch):
+    """The rows of one batch: each row's committed tokens, searched for its own n-grams."""
+
+    def __init__(self, drafter: NGramDrafter, histories: list[torch.Tensor]) -> None:
+        self.drafter = drafter
+        self.histories = histories  # per row [L_i] long
+
+    def propose(self, steps: Sequence[DraftStep]) -> list[Marginals]:
+        if len(steps) != len(self.histories):
+            raise InvalidInputError(f"propose() takes one step per row ({len(self.histories)}), got {len(steps)}")
+        return [self.drafter._propose_one(h, step) for h, step in zip(self.histories, steps)]
+
+    def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor | None]) -> None:
+        if len(tokens) != len(self.histories):
+            raise InvalidInputError(f"commit() takes one token tensor per row ({len(self.histories)}), got {len(tokens)}")
+        for i, tok in enumerate(tokens):
+            if not isinstance(tok, torch.Tensor) or tok.dim() != 1:
+                raise InvalidInputError("commit() takes a 1-D LongTensor [m] of tokens per row")
+            h = self.histories[i]
+            self.histories[i] = torch.cat([h, tok.detach().to(device=h.device, dtype=torch.long)])
+
+    def keep(self, rows: Sequence[int]) -> None:
+        self.histories = [self.histories[i] for i in rows]
+
+    def extend(self, other: DraftBatch) -> None:
+        if not isinstance(other, NGramBatch):
+            raise NotImplementedError(f"NGramBatch cannot take in rows of a {type(other).__name__}")
+        self.histories.extend(other.histories)
+        other.histories = []
