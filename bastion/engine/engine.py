@@ -296,6 +296,7 @@ class Engine:
             if self._drafts is not None and drafts is not None:
                 self._drafts.extend(drafts)
         self._rows.extend(batch)
+        self.observer.joined = True  # the next draft catches the drafter up on the newcomers' prompts
         self._begin_batch()
 
     def _start_chunked(self, request: Request, updates: list[StepUpdate]) -> None:
