@@ -269,3 +269,35 @@ def test_single_sequence_steps_teach_the_batch_acceptance_curve_so_a_first_batch
     assert not c.speculate_batch([10] * 16, _SmallBatchesPay(), _COSTS)  # predicted not to pay at 16 rows: skipped
     c.begin_batch(SamplingConfig(), 2)
     assert c.speculate_batch([10] * 2, _SmallBatchesPay(), _COSTS)  # and to pay at 2
+
+
+def _backed_off(rows: int, gain: float) -> BastionController:
+    """A controller at ``rows`` rows whose gate switched off long ago (back-off 256, 200 plain steps to
+    wait) after a probe that measured ``gain``, with a good acceptance curve."""
+    c = _primed(rows)
+    g = c.gate
+    g.speculating, g.backoff, g.wait, g.gain = False, 256, 200, gain
+    return c
+
+
+def test_a_backed_off_batch_gate_probes_early_when_the_predicted_gain_rises_above_the_margin():
+    """Measured in serving at 2 concurrent requests: the gate had backed off to 256 steps on a cold
+    drafting cost; the prediction from the learnt costs said 1.3x for the next 200 plain steps and the
+    gate drafted on 6% of steps while fixed widths ran 1.46x plain decoding."""
+    c = _backed_off(2, 0.96)
+    predicted = c._predicted_gain([10] * 2, _SmallBatchesPay(), _COSTS)
+    assert predicted > 1.1 * 0.96
+    calls = 0
+    while not c.speculate_batch([10] * 2, _SmallBatchesPay(), _COSTS):
+        calls += 1
+        assert calls <= 4  # within one recheck period, not 200 steps
+    assert c.gate.wait == 0
+
+
+def test_a_backed_off_batch_gate_keeps_waiting_when_the_prediction_is_what_the_probe_measured():
+    c = _backed_off(2, 0.0)
+    predicted = c._predicted_gain([10] * 2, _SmallBatchesPay(), _COSTS)
+    c.gate.gain = predicted  # the last probe measured exactly what the model predicts now
+    assert not any(c.speculate_batch([10] * 2, _SmallBatchesPay(), _COSTS) for _ in range(40))
+    c8 = _backed_off(8, 0.0)  # at 8 rows W = 1 wins: never above the margin
+    assert not any(c8.speculate_batch([10] * 8, _SmallBatchesPay(), _COSTS) for _ in range(40))

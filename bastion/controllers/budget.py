@@ -73,6 +73,12 @@ def _check_overhead(overhead_s: float) -> float:
     return check_number("overhead_s", overhead_s)
 
 
+#: while a batch's gate waits out a back-off, the plain steps between predictions of the gain
+_RECHECK_EVERY = 4
+#: how far above the last probe's measured gain a prediction must rise to probe before the back-off ends
+_RECHECK_RISE = 1.1
+
+
 class BastionController(BudgetController):
     """Chooses n maximizing the predicted speedup S(n) over the allowed sizes, or no drafting at all.
 
@@ -179,7 +185,12 @@ class BastionController(BudgetController):
           and counts as a probe that did not pay (the back-off grows), until the back-off reaches its
           cap; from then on every probe drafts, so the acceptance is re-measured now and then;
         - when rows have left the batch since its last speculative step and speculating is now
-          predicted to pay, the step probes at once instead of waiting out the back-off."""
+          predicted to pay, the step probes at once instead of waiting out the back-off;
+        - while waiting out a back-off the gain is predicted again every :data:`_RECHECK_EVERY` plain
+          steps: when it is above the margin and :data:`_RECHECK_RISE` times the gain the last probe
+          measured (the costs or the acceptance curve moved since: a drafting cost first measured
+          cold, a batch whose rows changed), the step probes at once. A back-off of 256 steps then no
+          longer outlasts the conditions that set it."""
         if len(context_lens) == 1:
             return self.speculate()  # a single sequence: the gate alone (its costs are learnt in observe)
         self._batch_plain_s = costs.plain_s
@@ -191,15 +202,18 @@ class BastionController(BudgetController):
             return gate.should_draft()
         rows = len(context_lens)
         shrunk = self._probe_rows is not None and rows < self._probe_rows
-        if not first and gate.wait > 0 and not shrunk:  # waiting out the back-off: no prediction needed
+        waiting = not first and gate.wait > 0
+        recheck = waiting and gate.plain_steps % _RECHECK_EVERY == 0
+        if waiting and not shrunk and not recheck:  # waiting out the back-off: no prediction needed
             return gate.should_draft()
         gain = self._predicted_gain(context_lens, latency, costs)
         if gain is None:
             return gate.should_draft()
-        if shrunk and gate.wait > 0:
-            if gain > gate.margin:
+        if waiting:
+            measured = gate.gain if gate.gain is not None else 0.0
+            if gain > gate.margin and (shrunk or gain > measured * _RECHECK_RISE):
                 gate.wait = 0  # probe now: should_draft() below starts it
-            else:
+            elif shrunk:
                 self._probe_rows = rows  # predicted for this size: ask again only when it shrinks further
         if not gate.should_draft():
             return False
