@@ -13,7 +13,7 @@ import torch
 from bastion.contract.errors import InvalidInputError
 from bastion.contract.interfaces import BudgetController, BudgetDecision, LatencyModel
 
-__all__ = ["FullTreeController", "tree_size"]
+__all__ = ["FullTreeController", "widest_tree"]
 
 
 class FullTreeController(BudgetController):
@@ -27,20 +27,18 @@ class FullTreeController(BudgetController):
         overhead_s: float,
         draft_s: float,
     ) -> BudgetDecision:
-        return BudgetDecision(max(tree_size(s) for s in _rows(log_scores)))
+        return BudgetDecision(widest_tree(log_scores))
 
     def __repr__(self) -> str:
         return "FullTreeController()"
 
 
-def tree_size(log_scores: object) -> int:
-    """The node count of one row's ``log_scores`` [n] (checked: a non-empty 1-D tensor)."""
-    if not isinstance(log_scores, torch.Tensor) or log_scores.dim() != 1 or log_scores.shape[0] < 1:
-        raise InvalidInputError("log_scores must be a non-empty 1-D tensor (a tree has at least its root)")
-    return int(log_scores.shape[0])
-
-
-def _rows(log_scores: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+def widest_tree(log_scores: Sequence[torch.Tensor]) -> int:
+    """The node count of the largest row of ``log_scores`` (each row [n_i], checked: a non-empty list
+    of non-empty 1-D tensors)."""
     if not log_scores:
         raise InvalidInputError("decide_width needs at least one row of log_scores")
-    return log_scores
+    for row in log_scores:
+        if not isinstance(row, torch.Tensor) or row.dim() != 1 or row.shape[0] < 1:
+            raise InvalidInputError("log_scores must be non-empty 1-D tensors (a tree has at least its root)")
+    return max(int(row.shape[0]) for row in log_scores)
