@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import bastion
-from bastion.controllers.budget import BastionController, FixedController
+from bastion.controllers.budget import _RECHECK_EVERY, BastionController, FixedController
 from bastion.controllers.latency.roofline import RooflineLatency
 from bastion.huggingface.causal_lm import HFTarget
 from bastion.engine.costs import CostBySize
@@ -301,3 +301,42 @@ def test_a_backed_off_batch_gate_keeps_waiting_when_the_prediction_is_what_the_p
     assert not any(c.speculate_batch([10] * 2, _SmallBatchesPay(), _COSTS) for _ in range(40))
     c8 = _backed_off(8, 0.0)  # at 8 rows W = 1 wins: never above the margin
     assert not any(c8.speculate_batch([10] * 8, _SmallBatchesPay(), _COSTS) for _ in range(40))
+
+
+class _VerifyTooDear(_SmallBatchesPay):
+    """Any width above one costs a hundred plain forwards: whatever the trees, W = 1 wins."""
+
+    def predict_batch(self, widths: torch.Tensor, context_lens: Sequence[int]) -> torch.Tensor:
+        return torch.tensor([1e-2 if int(w) == 1 else 1.0 for w in widths.tolist()], dtype=torch.float64)
+
+
+def test_a_recheck_probe_whose_trees_did_not_pay_is_not_repeated_on_the_same_prediction():
+    """Measured in-process at 3-4 running requests on the demo pair: the re-check predicted 1.3-1.4x
+    from the acceptance curve, the probe's own trees chose W = 1 (gain 0), and because the prediction
+    stayed above 1.1x that 0, the gate drafted again 4 plain steps later, five times in a row: each a
+    wasted draft (14 ms against a 7-8 ms plain step). A re-check now probes only when the prediction
+    has risen above the one that started the last probe (or the probe's measured gain)."""
+    c = _backed_off(2, 0.96)
+    predicted = c._predicted_gain([10] * 2, _SmallBatchesPay(), _COSTS)
+    assert predicted > 1.1 * 0.96 and predicted > c.gate.margin
+    for _ in range(8):  # the re-check starts a probe
+        if c.speculate_batch([10] * 2, _SmallBatchesPay(), _COSTS):
+            break
+    else:
+        pytest.fail("the re-check did not probe")
+    # the probe's trees (the same good rows: the acceptance curve is unchanged) do not pay this time
+    decision = c.decide_width(_row_scores(_GOOD_ROWS[:2]), [10] * 2, _VerifyTooDear(), _COSTS.overhead_s, _COSTS.draft_s)
+    assert decision.n == 1 and not c.gate.speculating
+    assert c._predicted_gain([10] * 2, _SmallBatchesPay(), _COSTS) == pytest.approx(predicted, rel=0.05)
+    assert c.gate.wait >= 64
+    drafted = 0
+    for _ in range(64):  # each drafted step's trees fail the same way
+        if c.speculate_batch([10] * 2, _SmallBatchesPay(), _COSTS):
+            drafted += 1
+            c.decide_width(_row_scores(_GOOD_ROWS[:2]), [10] * 2, _VerifyTooDear(), _COSTS.overhead_s, _COSTS.draft_s)
+    assert drafted == 0  # waits out its back-off: the prediction is the one the failed probe started on
+    # a prediction that rises well above it (plain steps now measured slower) still probes early
+    c.gate.wait = 200
+    slower = BatchStepCosts(overhead_s=_COSTS.overhead_s, draft_s=_COSTS.draft_s, plain_s=2e-2)
+    assert c._predicted_gain([10] * 2, _SmallBatchesPay(), slower) > 1.1 * predicted
+    assert any(c.speculate_batch([10] * 2, _SmallBatchesPay(), slower) for _ in range(_RECHECK_EVERY + 1))

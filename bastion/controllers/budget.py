@@ -127,6 +127,11 @@ class BastionController(BudgetController):
         self.row_curve: np.ndarray | None = None
         self._batch_plain_s: float | None = None  # this batched step's plain-step seconds (speculate_batch)
         self._probe_rows: int | None = None  # rows of the batch's last speculative step
+        #: the gain predicted when the batch's last probe started (None: not predicted), and the newest
+        #: prediction; a re-check probes only on a prediction above both it and the probe's gain
+        self._probe_predicted: float | None = None
+        self._last_predicted: float | None = None
+        self._recheck_at = 0  # the gate's plain-step count at which a backed-off batch predicts again
 
     @property
     def plain_overhead_s(self) -> float:
@@ -171,6 +176,8 @@ class BastionController(BudgetController):
             return
         self._key = sampling_key(sampling)
         self._probe_rows = None
+        self._probe_predicted = self._last_predicted = None
+        self._recheck_at = 0
         if self.gate is not None:
             self.gate.start((self._key, "batch", int(batch_size)))
 
@@ -187,10 +194,11 @@ class BastionController(BudgetController):
         - when rows have left the batch since its last speculative step and speculating is now
           predicted to pay, the step probes at once instead of waiting out the back-off;
         - while waiting out a back-off the gain is predicted again every :data:`_RECHECK_EVERY` plain
-          steps: when it is above the margin and :data:`_RECHECK_RISE` times the gain the last probe
-          measured (the costs or the acceptance curve moved since: a drafting cost first measured
-          cold, a batch whose rows changed), the step probes at once. A back-off of 256 steps then no
-          longer outlasts the conditions that set it."""
+          steps: when it is above the margin and :data:`_RECHECK_RISE` times both the gain the last
+          probe measured and the gain predicted when that probe started (the costs or the acceptance
+          curve moved since: a drafting cost first measured cold, a batch whose rows changed), the
+          step probes at once. A back-off of 256 steps then no longer outlasts the conditions that set
+          it, and a probe whose own trees did not pay is not repeated on the prediction it failed."""
         if len(context_lens) == 1:
             return self.speculate()  # a single sequence: the gate alone (its costs are learnt in observe)
         self._batch_plain_s = costs.plain_s
@@ -203,24 +211,33 @@ class BastionController(BudgetController):
         rows = len(context_lens)
         shrunk = self._probe_rows is not None and rows < self._probe_rows
         waiting = not first and gate.wait > 0
-        recheck = waiting and gate.plain_steps % _RECHECK_EVERY == 0
+        recheck = waiting and gate.plain_steps >= self._recheck_at
         if waiting and not shrunk and not recheck:  # waiting out the back-off: no prediction needed
-            return gate.should_draft()
+            return self._probe_starts(gate.should_draft())
         gain = self._predicted_gain(context_lens, latency, costs)
         if gain is None:
-            return gate.should_draft()
+            return self._probe_starts(gate.should_draft())
+        self._last_predicted = gain
         if waiting:
-            measured = gate.gain if gate.gain is not None else 0.0
-            if gain > gate.margin and (shrunk or gain > measured * _RECHECK_RISE):
+            self._recheck_at = gate.plain_steps + _RECHECK_EVERY
+            last = max(gate.gain if gate.gain is not None else 0.0, self._probe_predicted or 0.0)
+            if gain > gate.margin and (shrunk or gain > last * _RECHECK_RISE):
                 gate.wait = 0  # probe now: should_draft() below starts it
             elif shrunk:
                 self._probe_rows = rows  # predicted for this size: ask again only when it shrinks further
         if not gate.should_draft():
             return False
         if gain > gate.margin or gate.backoff >= gate.max_backoff:
-            return True
+            return self._probe_starts(True)
         gate.update(gain)  # a probe predicted not to pay: skipped, counted as one that did not pay
         return False
+
+    def _probe_starts(self, drafts: bool) -> bool:
+        """``drafts``, remembering the newest prediction as the one a probe started on when it is one
+        (a backed-off batch's re-checks compare their predictions with it)."""
+        if drafts and self.gate is not None and not self.gate.speculating:
+            self._probe_predicted = self._last_predicted
+        return drafts
 
     def _predicted_gain(self, context_lens: Sequence[int], latency: LatencyModel, costs: BatchStepCosts) -> float | None:
         """Predicted best gain of speculating over a plain batched step, from :attr:`row_curve`."""
