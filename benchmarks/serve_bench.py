@@ -350,7 +350,9 @@ def serve_points(
 ) -> list[Point]:
     """Every server up at once (idle ones cost nothing), then ``repeats`` rounds in which, at each
     concurrency, the servers take turns: a burst of foreign load on a shared machine falls on one round
-    of every server alike rather than on one server's whole run. The fastest round of each is kept."""
+    of every server alike rather than on one server's whole run. Who goes first rotates with the round
+    and the concurrency, so no server always runs right after the same one (or first at every level).
+    The fastest round of each is kept."""
     servers: list[Server] = []
     try:
         for spec in specs:
@@ -359,9 +361,10 @@ def serve_points(
                 servers.append(server)
                 asyncio.run(drive(server, requests[: max(2, min(4, len(requests)))], 2, 8))  # warm-up, not recorded
         best: dict[tuple[str, int], Point] = {}
-        for _ in range(repeats):
-            for c in concurrencies:
-                for server in servers:
+        for r in range(repeats):
+            for k, c in enumerate(concurrencies):
+                shift = (r + k) % len(servers) if servers else 0
+                for server in servers[shift:] + servers[:shift]:
                     point = asyncio.run(drive(server, requests, c, max_tokens))
                     print(f"  {server.label} c={c}: {point.tokens_per_s:.1f} tok/s  ttft p50 {point.ttft_p50 or 0:.3f} s  "
                           f"itl p50 {(point.itl_p50 or 0) * 1e3:.1f} ms", file=sys.stderr)

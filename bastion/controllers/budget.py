@@ -73,7 +73,7 @@ def _check_overhead(overhead_s: float) -> float:
     return check_number("overhead_s", overhead_s)
 
 
-#: while a batch's gate waits out a back-off, the plain steps between predictions of the gain
+#: while a batch's gate waits out a back-off, the plain steps from one prediction of the gain to the next
 _RECHECK_EVERY = 4
 #: how far above the last probe's measured gain a prediction must rise to probe before the back-off ends
 _RECHECK_RISE = 1.1
@@ -193,8 +193,8 @@ class BastionController(BudgetController):
           cap; from then on every probe drafts, so the acceptance is re-measured now and then;
         - when rows have left the batch since its last speculative step and speculating is now
           predicted to pay, the step probes at once instead of waiting out the back-off;
-        - while waiting out a back-off the gain is predicted again every :data:`_RECHECK_EVERY` plain
-          steps: when it is above the margin and :data:`_RECHECK_RISE` times both the gain the last
+        - while waiting out a back-off the gain is predicted again :data:`_RECHECK_EVERY` plain steps
+          after the last prediction: when it is above the margin and :data:`_RECHECK_RISE` times both the gain the last
           probe measured and the gain predicted when that probe started (the costs or the acceptance
           curve moved since: a drafting cost first measured cold, a batch whose rows changed), the
           step probes at once. A back-off of 256 steps then no longer outlasts the conditions that set

@@ -1,0 +1,86 @@
+"""Continuous batching in one process: an engine kept at C running requests, per budget controller.
+
+What a server's engine thread does, without the HTTP layer, the client or the event loop on the same
+cores: bench prompts are queued so that C requests run at once (a finished one is replaced at the next
+step), for each controller in turn on its own pipeline. After one warm-up pass (the controller's costs
+and acceptance are learnt on the same prompts), each pass reports completion tokens/s, the share of
+steps that drafted and the widths chosen. Compare controllers within one run: the machine's noise moves
+every figure between runs.
+
+Run: ``python benchmarks/engine_concurrency.py --concurrency 2,4,8 --controllers bastion,plain,fixed:8``
+(demo pair, CPU, one torch thread by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+
+import bastion
+from bastion.bench.datasets import load_dataset
+from bastion.bench.templates import render_prompt
+from bastion.engine import Engine, GenerationConfig
+
+
+def make_pipeline(spec: str) -> bastion.Pipeline:
+    """``NAME`` or ``fixed:N`` -> the demo pipeline with that budget controller."""
+    name, _, budget = spec.partition(":")
+    options = {"budget_controller": {"budget": int(budget)}} if budget else {}
+    return bastion.Pipeline.demo(budget_controller=name, component_options=options)
+
+
+def run(pipe: bastion.Pipeline, prompts: list[list[int]], concurrency: int, max_tokens: int) -> tuple[float, float, dict[int, int]]:
+    """Decode every prompt with at most ``concurrency`` running -> (tokens/s, share drafted, width counts)."""
+    engine = Engine(pipe, max_running=concurrency, prefill_chunk=256)
+    config = GenerationConfig(max_new_tokens=max_tokens)
+    queue = list(prompts)
+    widths: collections.Counter[int] = collections.Counter()
+    steps = drafted = tokens = 0
+    start = time.perf_counter()
+    while queue or not engine.idle:
+        while queue and len(engine.running) + len(engine.waiting) < concurrency:
+            engine.add(queue.pop(0), config)
+        engine.step()
+        step = engine.last_step
+        if step is not None:
+            steps += 1
+            drafted += int(step.drafted)
+            widths[step.width] += 1
+            tokens += step.emitted
+    return tokens / (time.perf_counter() - start), drafted / max(steps, 1), dict(sorted(widths.items()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--concurrency", default="2,4,8", help="comma-separated running-request counts")
+    parser.add_argument("--controllers", default="bastion,plain,fixed:8", help="NAME or fixed:N, comma-separated")
+    parser.add_argument("--datasets", default="gsm8k,mt_bench")
+    parser.add_argument("--prompts", type=int, default=16, help="prompts per data set")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="measured passes after the warm-up pass")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    if any(c < 1 for c in levels) or args.repeats < 1 or args.max_tokens < 1:
+        parser.error("--concurrency levels, --repeats and --max-tokens must be >= 1")
+    records = [p for ds in args.datasets.split(",") for p in load_dataset(ds, limit=args.prompts, data_dir=args.data_dir)]
+    print(f"{len(records)} prompts, {args.max_tokens} tokens each, demo pair, {args.threads} thread(s)")
+    print("| concurrency | controller | pass | tok/s | drafted | widths |")
+    print("|---|---|---|---|---|---|")
+    for spec in args.controllers.split(","):
+        pipe = make_pipeline(spec)
+        prompts = [pipe.tokenizer(render_prompt(r, pipe.tokenizer))["input_ids"] for r in records]
+        for c in levels:
+            run(pipe, prompts, c, args.max_tokens)  # warm-up: costs and acceptance learnt
+            for k in range(args.repeats):
+                rate, share, widths = run(pipe, prompts, c, args.max_tokens)
+                print(f"| {c} | {spec} | {k + 1} | {rate:.1f} | {share:.0%} | {widths} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
