@@ -2,10 +2,11 @@
 
 What a server's engine thread does, without the HTTP layer, the client or the event loop on the same
 cores: bench prompts are queued so that C requests run at once (a finished one is replaced at the next
-step), for each controller in turn on its own pipeline. After one warm-up pass (the controller's costs
-and acceptance are learnt on the same prompts), each pass reports completion tokens/s, the share of
-steps that drafted and the widths chosen. Compare controllers within one run: the machine's noise moves
-every figure between runs.
+step), each controller on its own pipeline. At each concurrency every controller first makes one
+warm-up pass (its costs and acceptance are learnt on the same prompts); then the controllers take
+turns, pass by pass, and each pass reports completion tokens/s, the share of steps that drafted and the
+widths chosen. Compare controllers within one run: the machine drifts, and its noise moves every figure
+between runs.
 
 Run: ``python benchmarks/engine_concurrency.py --concurrency 2,4,8 --controllers bastion,plain,fixed:8``
 (demo pair, CPU, one torch thread by default).
@@ -72,13 +73,17 @@ def main() -> None:
     print(f"{len(records)} prompts, {args.max_tokens} tokens each, demo pair, {args.threads} thread(s)")
     print("| concurrency | controller | pass | tok/s | drafted | widths |")
     print("|---|---|---|---|---|---|")
-    for spec in args.controllers.split(","):
-        pipe = make_pipeline(spec)
-        prompts = [pipe.tokenizer(render_prompt(r, pipe.tokenizer))["input_ids"] for r in records]
-        for c in levels:
-            run(pipe, prompts, c, args.max_tokens)  # warm-up: costs and acceptance learnt
-            for k in range(args.repeats):
-                rate, share, widths = run(pipe, prompts, c, args.max_tokens)
+    specs = args.controllers.split(",")
+    pipes = {spec: make_pipeline(spec) for spec in specs}
+    tokenizer = pipes[specs[0]].tokenizer
+    prompts = [tokenizer(render_prompt(r, tokenizer))["input_ids"] for r in records]
+    for c in levels:
+        for spec in specs:
+            run(pipes[spec], prompts, c, args.max_tokens)  # warm-up: costs and acceptance learnt
+        for k in range(args.repeats):
+            shift = k % len(specs)  # the controllers take turns, who goes first rotating: the machine drifts
+            for spec in specs[shift:] + specs[:shift]:
+                rate, share, widths = run(pipes[spec], prompts, c, args.max_tokens)
                 print(f"| {c} | {spec} | {k + 1} | {rate:.1f} | {share:.0%} | {widths} |", flush=True)
 
 
