@@ -19,7 +19,7 @@ from bastion.controllers.latency.roofline import RooflineLatency
 from bastion.huggingface.causal_lm import HFTarget
 from bastion.engine.costs import CostBySize
 from bastion.contract.interfaces import BatchStepCosts, LatencyModel
-from bastion.contract.types import SamplingConfig
+from bastion.contract.types import SamplingConfig, StepFeedback
 from bastion.testing.drafters import NoisyOracleDrafter
 from bastion.testing.tiny import tiny_config, tiny_model
 
@@ -340,3 +340,57 @@ def test_a_recheck_probe_whose_trees_did_not_pay_is_not_repeated_on_the_same_pre
     slower = BatchStepCosts(overhead_s=_COSTS.overhead_s, draft_s=_COSTS.draft_s, plain_s=2e-2)
     assert c._predicted_gain([10] * 2, _SmallBatchesPay(), slower) > 1.1 * predicted
     assert any(c.speculate_batch([10] * 2, _SmallBatchesPay(), slower) for _ in range(_RECHECK_EVERY + 1))
+
+
+def test_a_batch_whose_speculative_steps_realize_less_than_predicted_stops_drafting():
+    """The batched gate heard only the gain each step predicted: in-process at 2-8 running requests on
+    the demo pair it kept drafting on 1-4% of steps, 0.84-0.90x speculation off, where no width paid.
+    Each speculative batched step's realized gain now corrects the predictions at its batch size."""
+    c = BastionController(calibration=False)
+    c.begin_batch(SamplingConfig(), 2)
+    lat = _SmallBatchesPay()
+    rows = _row_scores([[1.0] * 11] * 2)  # rho 0.37 per node: predicted well above a plain step
+    plain = 2 / (float(lat.predict_batch(torch.tensor([1]), [10] * 2)[0]) + _COSTS.plain_s)  # tokens/s
+    steps = 0
+    first_gain = None
+    while c.gate.speculating and steps < 12:
+        assert c.speculate_batch([10] * 2, lat, _COSTS)
+        d = c.decide_width(rows, [10] * 2, lat, _COSTS.overhead_s, _COSTS.draft_s)
+        assert d.n > 1
+        first_gain = d.gain if first_gain is None else first_gain  # predicted, nothing realized yet
+        seconds = 6 / (0.5 * plain)  # each row emits 3 tokens: the step ran at half a plain step's rate
+        for _ in range(2):
+            c.observe(
+                StepFeedback(
+                    drafted=True, log_scores=rows[0][: d.n], accepted_nodes=torch.tensor([0, 1, 2]), context_len=10,
+                    verify_s=seconds, overhead_s=0.0, batch_size=2,
+                )
+            )
+        steps += 1
+    assert not c.gate.speculating and steps <= 6
+    assert first_gain > 2 and c.realism(2) == pytest.approx(0.5 / first_gain)  # realized 0.5 of a plain step
+    assert c._predicted_gain([10] * 2, lat, _COSTS) < c.gate.margin  # the backed-off gate's re-checks agree
+    assert c.realism(3) == 1.0  # another batch size is not judged by this one
+
+
+def test_one_slow_batched_step_does_not_move_the_realized_gain():
+    c = BastionController(calibration=False)
+    c.begin_batch(SamplingConfig(), 2)
+    lat = _SmallBatchesPay()
+    rows = _row_scores([[1.0] * 11] * 2)
+    plain = 2 / (float(lat.predict_batch(torch.tensor([1]), [10] * 2)[0]) + _COSTS.plain_s)
+    for k in range(7):
+        c.speculate_batch([10] * 2, lat, _COSTS)
+        d = c.decide_width(rows, [10] * 2, lat, _COSTS.overhead_s, _COSTS.draft_s)
+        predicted = c._pending_step[2]
+        slow = 10.0 if k == 4 else 1.0  # one step beside a burst of foreign load
+        seconds = slow * 6 / (predicted * plain)  # otherwise exactly the predicted gain
+        for _ in range(2):
+            c.observe(
+                StepFeedback(
+                    drafted=True, log_scores=rows[0][: d.n], accepted_nodes=torch.tensor([0, 1, 2]), context_len=10,
+                    verify_s=seconds, overhead_s=0.0, batch_size=2,
+                )
+            )
+    assert c.realism(2) == pytest.approx(1.0)
+    assert c.gate.speculating

@@ -73,6 +73,11 @@ def _check_overhead(overhead_s: float) -> float:
     return check_number("overhead_s", overhead_s)
 
 
+#: the realized / predicted gain of a batch size's speculative steps is trusted within these bounds
+_REALISM_BOUNDS = (0.05, 1.5)
+#: speculative steps a batch size needs before its realized / predicted gain corrects the predictions
+_REALISM_MIN_STEPS = 2
+
 #: while a batch's gate waits out a back-off, the plain steps from one prediction of the gain to the next
 _RECHECK_EVERY = 4
 #: how far above the last probe's measured gain a prediction must rise to probe before the back-off ends
@@ -132,6 +137,12 @@ class BastionController(BudgetController):
         self._probe_predicted: float | None = None
         self._last_predicted: float | None = None
         self._recheck_at = 0  # the gate's plain-step count at which a backed-off batch predicts again
+        #: per batch size, a robust level of realized / predicted gain over its speculative steps: the
+        #: batch gate's predictions are scaled by it (see :meth:`realism`)
+        self._realism: dict[int, RobustLevel] = {}
+        #: the speculative batched step being observed row by row: [rows, plain tokens/s, predicted gain,
+        #: rows heard, tokens emitted]
+        self._pending_step: list[float] | None = None
 
     @property
     def plain_overhead_s(self) -> float:
@@ -247,7 +258,7 @@ class BastionController(BudgetController):
         rows = len(context_lens)
         rate, _, t_verify, _ = self._batch_rates(rows * curve, context_lens, latency, costs.overhead_s, costs.draft_s)
         plain = rows / (t_verify[0] + costs.plain_s)
-        return float(rate[1:].max() / plain)
+        return float(rate[1:].max() / plain) * self.realism(rows)
 
     def _batch_rates(
         self, total: np.ndarray, context_lens: Sequence[int], latency: LatencyModel, overhead_s: float, draft_s: float
@@ -266,6 +277,8 @@ class BastionController(BudgetController):
         """Learn the acceptance of the verified nodes (speculative steps) or the cost of a plain step."""
         if not outcome.drafted and outcome.batch_size > 1:
             return  # a batch's plain-step cost comes with each step (speculate_batch), per batch size
+        if outcome.drafted and outcome.batch_size > 1:
+            self._hear_row(outcome)
         if not outcome.drafted:
             self._plain_overhead.observe(_check_overhead(outcome.overhead_s))
             self._plain_step.observe(outcome.verify_s + outcome.overhead_s)
@@ -289,6 +302,41 @@ class BastionController(BudgetController):
         for node in outcome.accepted_nodes.tolist():
             accepted[node] = True
         self.calibrator.observe_values(scores[1:], accepted[1:], self._key)
+
+    def _hear_row(self, outcome: StepFeedback) -> None:
+        """One row of a speculative batched step: once every row is heard, the step's realized gain (its
+        tokens per second over a plain batched step's) against the gain :meth:`decide_width` predicted
+        for it teaches :meth:`realism` at that batch size."""
+        step = self._pending_step
+        if step is None or int(step[0]) != outcome.batch_size:
+            return
+        step[3] += 1
+        step[4] += outcome.accepted + 1
+        if step[3] < step[0]:
+            return
+        self._pending_step = None
+        seconds = outcome.verify_s + outcome.overhead_s
+        if seconds <= 0 or step[1] <= 0 or step[2] <= 0:
+            return
+        realized = (step[4] / seconds) / step[1]
+        level = self._realism.get(int(step[0]))
+        if level is None:
+            level = self._realism[int(step[0])] = RobustLevel()
+        level.observe(realized / step[2])
+
+    def realism(self, batch_size: int) -> float:
+        """How much of its predicted gain a speculative step at ``batch_size`` rows realized: a robust
+        level (a burst of foreign load does not move it) of realized / predicted over that size's recent
+        speculative steps, within :data:`_REALISM_BOUNDS`; 1.0 until :data:`_REALISM_MIN_STEPS` were
+        seen. A batch's gate hears its predicted gains scaled by it, so a cost or acceptance model that
+        over-promises at some batch size (a wide verify priced too cheaply, drafting that catches up on
+        newly joined rows) stops drafting there after a few steps instead of at the next prediction
+        that happens to fall. A single sequence has its own check (a failed probe's measured cost)."""
+        level = self._realism.get(int(batch_size))
+        if level is None or len(level._samples) < _REALISM_MIN_STEPS:
+            return 1.0
+        lo, hi = _REALISM_BOUNDS
+        return min(hi, max(lo, level.value))
 
     def accept_rates(self, log_scores: np.ndarray) -> np.ndarray:
         """Per-node acceptance probabilities [n] used for A_cal (root first: 1), from log rho [n]."""
@@ -427,6 +475,9 @@ class BastionController(BudgetController):
         plain_s = self.plain_overhead_s if self._batch_plain_s is None else self._batch_plain_s
         plain = len(rows) / (t_verify[0] + plain_s)  # a plain batched step's tokens per second
         gain = float(rate[k] / plain) if width > 1 else 0.0
+        # this step's realized gain is compared with its prediction once every row is observed
+        self._pending_step = [float(len(rows)), float(plain), gain, 0.0, 0.0] if width > 1 else None
+        gain *= self.realism(len(rows))
         if self.gate is not None:
             self.gate.update(gain)
         return BudgetDecision(
