@@ -26,8 +26,16 @@ from bastion.bench.templates import render_prompt
 from bastion.engine import Engine, GenerationConfig
 
 
+#: ``upkeep``: the bastion controller with its gate held off (one probe per batch size, then none for
+#: 4096 steps): an engine that keeps its drafter current on every step but drafts next to never, to
+#: tell that upkeep apart from probing when bastion trails ``plain``
+_HELD_OFF = {"margin": float("inf"), "min_backoff": 4096, "max_backoff": 4096, "ceiling": 4096, "start_probe": None}
+
+
 def make_pipeline(spec: str) -> bastion.Pipeline:
-    """``NAME`` or ``fixed:N`` -> the demo pipeline with that budget controller."""
+    """``NAME``, ``fixed:N`` or ``upkeep`` -> the demo pipeline with that budget controller."""
+    if spec == "upkeep":
+        return bastion.Pipeline.demo(component_options={"budget_controller": {"gate": _HELD_OFF}})
     name, _, budget = spec.partition(":")
     options = {"budget_controller": {"budget": int(budget)}} if budget else {}
     return bastion.Pipeline.demo(budget_controller=name, component_options=options)
@@ -57,7 +65,7 @@ def run(pipe: bastion.Pipeline, prompts: list[list[int]], concurrency: int, max_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", default="2,4,8", help="comma-separated running-request counts")
-    parser.add_argument("--controllers", default="bastion,plain,fixed:8", help="NAME or fixed:N, comma-separated")
+    parser.add_argument("--controllers", default="bastion,plain,fixed:8", help="NAME, fixed:N or upkeep (bastion never drafting), comma-separated")
     parser.add_argument("--datasets", default="gsm8k,mt_bench")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per data set")
     parser.add_argument("--data-dir", default=None)
