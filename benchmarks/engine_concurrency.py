@@ -22,7 +22,7 @@ import torch
 
 import bastion
 from bastion.bench.datasets import load_dataset
-from bastion.bench.templates import render_prompt
+from bastion.bench.templates import encode_prompt
 from bastion.engine import Engine, GenerationConfig
 
 
@@ -41,7 +41,7 @@ def make_pipeline(spec: str) -> bastion.Pipeline:
     return bastion.Pipeline.demo(budget_controller=name, component_options=options)
 
 
-def run(pipe: bastion.Pipeline, prompts: list[list[int]], concurrency: int, max_tokens: int) -> tuple[float, float, dict[int, int]]:
+def run(pipe: bastion.Pipeline, prompts: list[torch.Tensor], concurrency: int, max_tokens: int) -> tuple[float, float, dict[int, int]]:
     """Decode every prompt with at most ``concurrency`` running -> (tokens/s, share drafted, width counts)."""
     engine = Engine(pipe, max_running=concurrency, prefill_chunk=256)
     config = GenerationConfig(max_new_tokens=max_tokens)
@@ -83,8 +83,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     specs = args.controllers.split(",")
     pipes = {spec: make_pipeline(spec) for spec in specs}
-    tokenizer = pipes[specs[0]].tokenizer
-    prompts = [tokenizer(render_prompt(r, tokenizer))["input_ids"] for r in records]
+    first = pipes[specs[0]]
+    prompts = [encode_prompt(r, first.tokenizer, first.target.vocab_size)[0] for r in records]  # each [L]
     for c in levels:
         for spec in specs:
             run(pipes[spec], prompts, c, args.max_tokens)  # warm-up: costs and acceptance learnt

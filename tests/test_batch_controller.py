@@ -382,7 +382,7 @@ def test_one_slow_batched_step_does_not_move_the_realized_gain():
     for k in range(7):
         c.speculate_batch([10] * 2, lat, _COSTS)
         d = c.decide_width(rows, [10] * 2, lat, _COSTS.overhead_s, _COSTS.draft_s)
-        predicted = c._pending_step[2]
+        predicted = c._pending_step.predicted
         slow = 10.0 if k == 4 else 1.0  # one step beside a burst of foreign load
         seconds = slow * 6 / (predicted * plain)  # otherwise exactly the predicted gain
         for _ in range(2):

@@ -140,9 +140,8 @@ class BastionController(BudgetController):
         #: per batch size, a robust level of realized / predicted gain over its speculative steps: the
         #: batch gate's predictions are scaled by it (see :meth:`realism`)
         self._realism: dict[int, RobustLevel] = {}
-        #: the speculative batched step being observed row by row: [rows, plain tokens/s, predicted gain,
-        #: rows heard, tokens emitted]
-        self._pending_step: list[float] | None = None
+        #: the speculative batched step being observed row by row (None: none)
+        self._pending_step: _PendingStep | None = None
 
     @property
     def plain_overhead_s(self) -> float:
@@ -289,7 +288,7 @@ class BastionController(BudgetController):
         calm = True
         if self._predicted_cost_s > 0:
             miss = measured / self._predicted_cost_s
-            typical = self._miss.value if len(self._miss._samples) >= 3 else miss
+            typical = self._miss.value if self._miss.count >= 3 else miss
             self._miss.observe(miss)
             calm = miss <= _BURST_RATIO * typical
         if self.gate is not None and self.plain_step_s and outcome.batch_size == 1 and calm:
@@ -308,21 +307,21 @@ class BastionController(BudgetController):
         tokens per second over a plain batched step's) against the gain :meth:`decide_width` predicted
         for it teaches :meth:`realism` at that batch size."""
         step = self._pending_step
-        if step is None or int(step[0]) != outcome.batch_size:
+        if step is None or step.rows != outcome.batch_size:
             return
-        step[3] += 1
-        step[4] += outcome.accepted + 1
-        if step[3] < step[0]:
+        step.heard += 1
+        step.emitted += outcome.accepted + 1
+        if step.heard < step.rows:
             return
         self._pending_step = None
         seconds = outcome.verify_s + outcome.overhead_s
-        if seconds <= 0 or step[1] <= 0 or step[2] <= 0:
+        if seconds <= 0 or step.plain_rate <= 0 or step.predicted <= 0:
             return
-        realized = (step[4] / seconds) / step[1]
-        level = self._realism.get(int(step[0]))
+        realized = (step.emitted / seconds) / step.plain_rate
+        level = self._realism.get(step.rows)
         if level is None:
-            level = self._realism[int(step[0])] = RobustLevel()
-        level.observe(realized / step[2])
+            level = self._realism[step.rows] = RobustLevel()
+        level.observe(realized / step.predicted)
 
     def realism(self, batch_size: int) -> float:
         """How much of its predicted gain a speculative step at ``batch_size`` rows realized: a robust
@@ -333,7 +332,7 @@ class BastionController(BudgetController):
         newly joined rows) stops drafting there after a few steps instead of at the next prediction
         that happens to fall. A single sequence has its own check (a failed probe's measured cost)."""
         level = self._realism.get(int(batch_size))
-        if level is None or len(level._samples) < _REALISM_MIN_STEPS:
+        if level is None or level.count < _REALISM_MIN_STEPS:
             return 1.0
         lo, hi = _REALISM_BOUNDS
         return min(hi, max(lo, level.value))
@@ -476,7 +475,7 @@ class BastionController(BudgetController):
         plain = len(rows) / (t_verify[0] + plain_s)  # a plain batched step's tokens per second
         gain = float(rate[k] / plain) if width > 1 else 0.0
         # this step's realized gain is compared with its prediction once every row is observed
-        self._pending_step = [float(len(rows)), float(plain), gain, 0.0, 0.0] if width > 1 else None
+        self._pending_step = _PendingStep(len(rows), float(plain), gain) if width > 1 else None
         gain *= self.realism(len(rows))
         if self.gate is not None:
             self.gate.update(gain)
@@ -562,6 +561,18 @@ class FixedController(BudgetController):
 
     def __repr__(self) -> str:
         return f"FixedController(budget={self.budget})"
+
+
+class _PendingStep:
+    """A speculative batched step whose rows' feedback is still arriving: its rows, a plain batched
+    step's tokens per second and the gain predicted for it, then the rows heard and tokens emitted."""
+
+    __slots__ = ("rows", "plain_rate", "predicted", "heard", "emitted")
+
+    def __init__(self, rows: int, plain_rate: float, predicted: float) -> None:
+        self.rows, self.plain_rate, self.predicted = rows, plain_rate, predicted
+        self.heard = 0
+        self.emitted = 0
 
 
 def _blend_curves(old: np.ndarray | None, new: np.ndarray, weight: float) -> np.ndarray:

@@ -48,6 +48,11 @@ class RobustLevel:
     def __bool__(self) -> bool:
         return bool(self._samples)
 
+    @property
+    def count(self) -> int:
+        """Samples the level is the median of now (up to ``window``; a detected change restarts it)."""
+        return len(self._samples)
+
     def observe(self, sample: float) -> bool:
         """Add one sample -> whether it completed a lasting change (the window restarted)."""
         x = float(sample)

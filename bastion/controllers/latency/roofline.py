@@ -319,7 +319,7 @@ class RooflineLatency(LatencyModel):
             cell = self._cells.get(cell_key)
             if cell is None:
                 cell = self._cells[cell_key] = RobustLevel(window=5, run=3, tolerance=self.shift_ratio - 1.0)
-            known = len(cell._samples) >= 3
+            known = cell.count >= 3
             cell_before = cell.value
             cell.observe(ratio)
             off = ratio > before * self.shift_ratio or ratio * self.shift_ratio < before
