@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bastion.bench.contention import Contention, ContentionSpec, parse_contention
+from bastion.bench.contention import Contention, ContentionSpec, parse_contention, round_phase
 from bastion.bench.metrics import MethodStats
 from bastion.bench.scenario import parse_scenario, phase_table, scenario_prompts, scenario_rows
 from bastion.contract.errors import InvalidInputError
@@ -72,3 +72,44 @@ def test_scenario_prompts_come_phase_by_phase_from_spec_bench_categories():
     assert all(p.category == p.dataset.split(":", 1)[1] for p in prompts)
     with pytest.raises(InvalidInputError, match="not a Spec-Bench category"):
         scenario_prompts(("poetry",), limit=1)
+
+
+def test_round_phases_spread_over_the_period_and_a_bad_index_is_refused():
+    phases = [round_phase(k, 2.5) for k in range(8)]
+    assert phases[0] == 0.0 and all(0.0 <= p < 2.5 for p in phases)
+    gaps = sorted(phases) + [2.5]
+    assert max(b - a for a, b in zip(gaps, gaps[1:])) < 2.5 / 8 * 2.2  # no part of the period left unsampled
+    assert round_phase(3, 2.5) == round_phase(3, 2.5)  # every method of a round gets the same phase
+    with pytest.raises(InvalidInputError, match="round index"):
+        round_phase(-1, 2.5)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads CPU time from /proc")
+def test_aligning_a_load_puts_every_run_of_a_round_at_the_same_phase_of_its_bursts():
+    # a load 0.8 s on, 0.8 s off; round 0 starts at phase 0 (a burst begins), round 1 at 0.618 * 1.6 s
+    # ~ 0.99 s (in the pause): the same round aligned twice burns the same CPU over the next 0.5 s
+    load = Contention(parse_contention("busy:1@0.8/0.8"))
+    assert load.sync
+    with load:
+        pid = load._procs[0].pid
+        deadline = time.monotonic() + 10.0
+        while _cpu_seconds(pid) < 0.05 and time.monotonic() < deadline:  # the worker is up and working
+            time.sleep(0.05)
+
+        def burned(round_index: int) -> float:
+            load.align(round_index)
+            before = _cpu_seconds(pid)
+            time.sleep(0.5)
+            return _cpu_seconds(pid) - before
+
+        on_a, off_a, on_b, off_b = burned(0), burned(1), burned(0), burned(1)
+    # inside a burst for the whole half second (a share of a core on a busy machine), then in the pause
+    assert min(on_a, on_b) > max(0.1, 3 * max(off_a, off_b))
+    assert not load.running  # closing its input ended it
+
+
+def test_a_load_that_runs_free_ignores_alignment():
+    load = Contention(parse_contention("busy:1@0.4/0.4"), sync=False)
+    with load:
+        load.align(1)  # nothing is written: no error, the load keeps its own clock
+        assert load.running

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import platform
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 import torch
@@ -143,12 +143,15 @@ def run_bench(
     registry: Any = None,
     ctx: DistContext | None = None,
     prompts: Sequence[Prompt] | None = None,
+    before_run: Callable[[int], None] | None = None,
 ) -> BenchRun | None:
     """Run ``config`` on one loaded ``target`` and ``drafter`` shared by every method (or a mapping of
     drafter family -> drafter, for methods named ``METHOD:FAMILY``). Under torchrun
     (``ctx`` of several ranks) each rank measures its round-robin share of the prompts on its own device
     and rank 0 returns the pooled run (the other ranks return None). ``prompts``: already loaded with
-    :func:`load_prompts` (e.g. checked before the models were loaded)."""
+    :func:`load_prompts` (e.g. checked before the models were loaded). ``before_run``: called with the
+    round's index (``prompt * repeats + repeat``, the same for every method of the round) right before
+    each timed run, e.g. :meth:`~bastion.bench.contention.Contention.align`."""
     specs = tuple(
         parse_method(m, max_nodes=config.max_nodes, tree_options=config.tree_options, controller_options=config.controller_options)
         for m in config.methods
@@ -189,9 +192,11 @@ def run_bench(
             prompt, ids = prompts[i], encoded[i]
             order = [names[j] for j in orders[i % len(orders)]]
             fastest: dict[str, GenerationResult] = {}
-            for _ in range(config.repeats):  # whole rounds, so a burst of load hits every method alike
+            for r in range(config.repeats):  # whole rounds, so a burst of load hits every method alike
                 for name in order:
                     bar.set_postfix_str(f"{prompt.dataset} {name}", refresh=False)
+                    if before_run is not None:
+                        before_run(i * config.repeats + r)
                     res = decoders[name].generate(ids, max_new_tokens=config.max_new_tokens, seed=config.seed + i, **sampling)
                     if name not in fastest or res.wall_s < fastest[name].wall_s:
                         fastest[name] = res
@@ -274,6 +279,7 @@ def run_bench_temperatures(
     registry: Any = None,
     ctx: DistContext | None = None,
     prompts: Sequence[Prompt] | None = None,
+    before_run: Callable[[int], None] | None = None,
 ) -> list[BenchRun] | None:
     """:func:`run_bench` of ``config`` at each temperature in turn, on the same loaded models and prompts
     (every method's decoder is built afresh per temperature, so nothing learnt at one carries over).
@@ -285,7 +291,7 @@ def run_bench_temperatures(
         raise InvalidInputError(f"temperatures repeat a value: {temps}")
     runs = [
         run_bench(attrs.evolve(config, temperature=t), target, drafter, tokenizer, progress=progress, registry=registry, ctx=ctx,
-                  prompts=prompts)
+                  prompts=prompts, before_run=before_run)
         for t in temps
     ]
     return None if any(r is None for r in runs) else [r for r in runs if r is not None]

@@ -53,6 +53,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--contention", default="none", metavar="KIND:WORKERS[@ON/OFF]",
                    help="run a competing load beside the bench, started and stopped by it: torch:2@1.5/1 (matrix products "
                         "on 2 threads, 1.5 s on, 1 s off), busy:1 (one spinning core), none (default)")
+    p.add_argument("--contention-sync", choices=("run", "none"), default="run",
+                   help="an on/off load's phase: run (default) restarts it at the same point for every method's run "
+                        "of a prompt, spread over the period across prompts, so bursts hit every method alike; "
+                        "none lets it run free")
     p.add_argument("--quick", action="store_true", help="a short run: 3 prompts per dataset, 64 tokens, budgets 8,32")
     p.add_argument("--out", default="bench-results", help="output directory (default ./bench-results)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -186,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
                 "the bench's PNG plots need matplotlib, which is not installed: pip install 'bastion[plot]' "
                 "(or pass --no-plots)"
             )
-    contention = Contention(parse_contention(args.contention))  # a bad spec fails before any model loads
+    contention = Contention(parse_contention(args.contention), sync=args.contention_sync == "run")  # a bad spec fails before any model loads
     config = build_config(args)
     if args.scenario:
         from bastion.bench.scenario import parse_scenario, scenario_prompts
@@ -223,10 +227,12 @@ def run(args: argparse.Namespace) -> int:
             from bastion.bench.runner import run_bench_temperatures
 
             runs = run_bench_temperatures(
-                config, args.temperatures, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx, prompts=prompts
+                config, args.temperatures, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx, prompts=prompts,
+                before_run=contention.align,
             )
         else:
-            result = run_bench(config, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx, prompts=prompts)
+            result = run_bench(config, target, drafter, tokenizer, progress=not args.no_progress, ctx=ctx, prompts=prompts,
+                               before_run=contention.align)
     finally:
         contention.stop()
         teardown(ctx)
