@@ -31,6 +31,7 @@ import torch
 
 from bastion.controllers.calibration import AcceptanceCalibrator, SamplingKey, sampling_key
 from bastion.controllers.gate import SpeculationGate
+from bastion.controllers.request_accept import RequestAcceptance
 from bastion.utils.checks import check_int, check_number, options_object, predict_batch_checked, predict_checked
 from bastion.contract.errors import InvalidInputError
 from bastion.contract.interfaces import BatchStepCosts, BudgetController, BudgetDecision, LatencyModel
@@ -96,6 +97,10 @@ class BastionController(BudgetController):
     ``calibration`` (default on): an :class:`AcceptanceCalibrator`, a mapping of its options, or False to
     predict with the raw surrogate. ``gate`` (default on): a :class:`SpeculationGate`, a mapping of its
     options, or False to draft every step. Both are exposed as attributes (``calibrator``, ``gate``).
+    ``request_accept`` (default on): a :class:`~bastion.controllers.request_accept.RequestAcceptance`, a
+    mapping of its options, or False: a single sequence's calibrated acceptance is scaled by how its
+    own drafts fared against it so far (attribute ``request_accept``; batches of several rows have
+    :meth:`realism` instead).
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class BastionController(BudgetController):
         extra_overhead_s: float = 0.0,
         calibration: AcceptanceCalibrator | Mapping[str, Any] | bool = True,
         gate: SpeculationGate | Mapping[str, Any] | bool = True,
+        request_accept: RequestAcceptance | Mapping[str, Any] | bool = True,
     ) -> None:
         if rule not in ("scan", "first-decrease"):
             raise InvalidInputError(f"rule must be 'scan' or 'first-decrease', got {rule!r}")
@@ -122,6 +128,9 @@ class BastionController(BudgetController):
         self.extra_overhead_s = _check_overhead(extra_overhead_s)
         self.calibrator: AcceptanceCalibrator | None = options_object("calibration", calibration, AcceptanceCalibrator)
         self.gate: SpeculationGate | None = options_object("gate", gate, SpeculationGate)
+        self.request_accept: RequestAcceptance | None = options_object("request_accept", request_accept, RequestAcceptance)
+        #: the calibrated drafted tokens (A_cal - 1, unscaled) the last single-sequence decision expected
+        self._expected_extra: float | None = None
         self._key: SamplingKey = sampling_key(SamplingConfig())
         self._predicted_cost_s = 0.0  # the last decision's predicted step seconds (0: none yet)
         self._miss = RobustLevel(tolerance=_BURST_RATIO - 1.0)  # recent measured / predicted step seconds
@@ -173,6 +182,9 @@ class BastionController(BudgetController):
         self._key = sampling_key(sampling)
         if self.gate is not None:
             self.gate.start(self._key)
+        if self.request_accept is not None:
+            self.request_accept.reset()
+        self._expected_extra = None
 
     def speculate(self) -> bool:
         return True if self.gate is None else self.gate.should_draft()
@@ -291,6 +303,9 @@ class BastionController(BudgetController):
             typical = self._miss.value if self._miss.count >= 3 else miss
             self._miss.observe(miss)
             calm = miss <= _BURST_RATIO * typical
+        expected, self._expected_extra = self._expected_extra, None
+        if self.request_accept is not None and expected is not None and outcome.batch_size == 1:
+            self.request_accept.observe(expected, outcome.accepted)
         if self.gate is not None and self.plain_step_s and outcome.batch_size == 1 and calm:
             # a probe that did not pay: its seconds beyond the plain steps it replaced set the gate's cap
             self.gate.observe_probe_cost(measured / self.plain_step_s - (outcome.accepted + 1))
@@ -348,6 +363,16 @@ class BastionController(BudgetController):
             return [1.0, *self.calibrator.calibrate_values(rest, self._key)]
         return [1.0, *(math.exp(v) for v in rest)]
 
+    def _request_rates(self, rates: list[float]) -> list[float]:
+        """A single sequence's per-node acceptance [n] (root first): the calibrated ``rates`` times the
+        request's factor (:attr:`request_accept`), each at most 1."""
+        if self.request_accept is None:
+            return rates
+        f = self.request_accept.factor
+        if f == 1.0:
+            return rates
+        return [1.0, *(min(1.0, f * r) for r in rates[1:])]
+
     def candidates(self, n_max: int) -> np.ndarray:
         """Allowed sizes (ascending, int64 array) for a tree of ``n_max`` nodes."""
         return self._sizes(n_max)[0][1:]
@@ -404,8 +429,9 @@ class BastionController(BudgetController):
         _, sizes_t, cand = self._sizes(len(scores))
         t_verify = predict_checked(latency, sizes_t, context_len).tolist()  # [N + 1] seconds; [0] is n = 1
         rates = self._rates(scores)  # [n_max] per-node acceptance, root first
-        k, speedup, a_cal = self._scan(rates, t_verify, cand, overhead)
+        k, speedup, a_cal = self._scan(self._request_rates(rates), t_verify, cand, overhead)
         n = cand[k]
+        self._expected_extra = sum(rates[1:n])  # what calibration alone expects the tree to add
         # a single sequence's acceptance curve teaches the one batched steps predict from: a batch's
         # first step after single-request traffic is then decided on it, not probed blind
         self.row_curve = _blend_curves(self.row_curve, np.cumsum(np.asarray(rates, dtype=np.float64)), _ROW_CURVE_EMA)
@@ -438,7 +464,7 @@ class BastionController(BudgetController):
             t_verify = times.get(len(scores))
             if t_verify is None:  # [N + 1] seconds; [0] is n = 1
                 t_verify = times[len(scores)] = predict_checked(latency, sizes_t, context_len).tolist()
-            return self._scan(self._rates(scores), t_verify, cand, base + draft_s)[1]
+            return self._scan(self._request_rates(self._rates(scores)), t_verify, cand, base + draft_s)[1]
 
         return estimate
 
