@@ -92,8 +92,10 @@ def _planted_pipeline(accept_rate: float, confidence: float, prompt: list[int], 
 
 def test_an_always_wrong_drafter_drafts_on_probes_only_and_costs_about_one_forward_per_token():
     prompt, new = [5, 17, 99, 3], 160
-    # the back-off schedule alone (no cost-aware stretching: it follows wall-clock probe costs)
-    pipe, drafter, ctrl = _planted_pipeline(0.0, 0.99, prompt, new, gate=dict(probe_share=None))
+    # the back-off schedule alone (no cost-aware stretching: it follows wall-clock probe costs; no per-request
+    # acceptance factor: it ends a request's drafting before calibration has learnt as much, which moves
+    # the next request's probes; tests/test_request_acceptance.py checks the drafter with the factor on)
+    pipe, drafter, ctrl = _planted_pipeline(0.0, 0.99, prompt, new, gate=dict(probe_share=None), request_accept=False)
     first = pipe.generate(torch.tensor([prompt]), max_new_tokens=new, temperature=0.0, stop_on_eos=False)
     assert first.tokens == _greedy_through_eos(tuple(prompt), new)
     assert all(s.accepted == 0 for s in first.steps)
@@ -113,6 +115,17 @@ def test_an_always_wrong_drafter_drafts_on_probes_only_and_costs_about_one_forwa
     assert verified / len(again.tokens) <= 1.1
     assert drafter.proposals / len(again.tokens) <= 0.05
 
+
+
+def test_with_the_request_factor_an_always_wrong_drafter_still_drafts_on_few_steps_of_each_request():
+    prompt, new = [5, 17, 99, 3], 160
+    pipe, drafter, ctrl = _planted_pipeline(0.0, 0.99, prompt, new, gate=dict(probe_share=None))
+    assert ctrl.request_accept is not None  # the default controller
+    for _ in range(2):
+        res = pipe.generate(torch.tensor([prompt]), max_new_tokens=new, temperature=0.0, stop_on_eos=False)
+        assert res.tokens == _greedy_through_eos(tuple(prompt), new)
+        assert len([s for s in res.steps if s.drafted]) <= 8
+        assert sum(s.budget for s in res.steps) / len(res.tokens) <= 1.15
 
 def test_a_perfect_drafter_never_switches_off():
     prompt, new = [8, 1, 200, 45, 6], 80

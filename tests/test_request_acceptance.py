@@ -137,3 +137,14 @@ def test_bad_factor_options_are_refused_with_a_clear_error(kwargs):
         RequestAcceptance(**kwargs)
     with pytest.raises(InvalidInputError):
         BastionController(request_accept=kwargs)
+
+
+def test_steps_that_expect_nothing_age_the_evidence_so_a_low_factor_looks_again():
+    factor = RequestAcceptance()
+    factor.observe(6.0, 0.0)
+    assert factor.factor == pytest.approx(0.25)
+    seen = []
+    for _ in range(10):  # trees of the root alone: nothing predicted, nothing accepted
+        factor.observe(0.0, 0.0)
+        seen.append(factor.factor)
+    assert seen == sorted(seen) and seen[-1] > 0.75

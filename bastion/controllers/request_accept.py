@@ -18,6 +18,11 @@ per-node acceptance of the request's drafted nodes by ``f`` (at most 1 each): on
 accepts less than calibration says, the predicted gain falls and the gate switches to plain decoding
 sooner; on one that accepts more, trees may grow. Each request starts at ``f = 1``.
 
+Each request starts at ``f = 1``, not at its predecessor's factor: carrying half the previous request's
+evidence into the next was measured on planted requests (a well-predicted request after a poor one) and
+held the good request plain on most seeds, since the gate judges a request's first probe by the factor
+it starts with.
+
 With ``prior = 2`` and ``decay = 0.8``, three steps that each realize 1 of 1.7 predicted tokens take
 ``f`` to 0.72; a single step that realizes nothing of 3 predicted moves it to 0.4 at most, and
 the next steps at the calibrated rate bring it back.
@@ -58,7 +63,9 @@ class RequestAcceptance:
 
     def observe(self, predicted: float, realized: float) -> None:
         """One speculative step: ``predicted`` drafted tokens expected (calibrated, the root left out),
-        ``realized`` accepted. Non-finite or negative values carry no information and are ignored."""
+        ``realized`` accepted. A step that expected nothing (a tree of the root alone) ages the evidence:
+        the factor drifts back toward 1, so a request whose factor chose the root alone looks again
+        within a few steps instead of staying at its lowest. Non-finite or negative values are ignored."""
         if not (math.isfinite(predicted) and math.isfinite(realized)) or predicted < 0 or realized < 0:
             return
         self._realized = self.decay * self._realized + float(realized)
