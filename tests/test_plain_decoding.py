@@ -119,8 +119,7 @@ def test_an_always_wrong_drafter_drafts_on_probes_only_and_costs_about_one_forwa
 
 def test_with_the_request_factor_an_always_wrong_drafter_still_drafts_on_few_steps_of_each_request():
     prompt, new = [5, 17, 99, 3], 160
-    pipe, drafter, ctrl = _planted_pipeline(0.0, 0.99, prompt, new, gate=dict(probe_share=None))
-    assert ctrl.request_accept is not None  # the default controller
+    pipe, drafter, ctrl = _planted_pipeline(0.0, 0.99, prompt, new, gate=dict(probe_share=None), request_accept=True)
     for _ in range(2):
         res = pipe.generate(torch.tensor([prompt]), max_new_tokens=new, temperature=0.0, stop_on_eos=False)
         assert res.tokens == _greedy_through_eos(tuple(prompt), new)

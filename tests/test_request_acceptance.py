@@ -74,7 +74,7 @@ def test_a_planted_low_acceptance_request_goes_plain_sooner_with_the_factor_and_
 
 def test_the_factor_starts_at_one_for_every_request_and_follows_the_requests_own_drafts():
     lat = _latency()
-    controller = BastionController()
+    controller = BastionController(request_accept=True)
     rng = random.Random(5)
     _request(controller, lat, 0.9, 40, rng)
     _request(controller, lat, 0.1, 12, rng)
@@ -86,7 +86,7 @@ def test_the_factor_starts_at_one_for_every_request_and_follows_the_requests_own
 
 def test_a_batched_row_does_not_move_the_single_sequence_factor():
     lat = _latency()
-    controller = BastionController()
+    controller = BastionController(request_accept=True)
     controller.begin(SamplingConfig())
     controller.decide(_SCORES, 100, lat, 0.001)
     controller.observe(StepFeedback(drafted=True, log_scores=_SCORES, accepted_nodes=torch.zeros(1, dtype=torch.long),
@@ -133,6 +133,7 @@ def test_the_factor_stays_within_its_bounds_whatever_it_hears(steps, prior, deca
     [{"prior": 0}, {"prior": float("nan")}, {"decay": 0}, {"decay": 1.5}, {"low": 0}, {"low": 1.2}, {"high": 0.5}, {"high": float("inf")}],
 )
 def test_bad_factor_options_are_refused_with_a_clear_error(kwargs):
+    assert BastionController().request_accept is None  # off by default
     with pytest.raises(InvalidInputError):
         RequestAcceptance(**kwargs)
     with pytest.raises(InvalidInputError):

@@ -97,10 +97,11 @@ class BastionController(BudgetController):
     ``calibration`` (default on): an :class:`AcceptanceCalibrator`, a mapping of its options, or False to
     predict with the raw surrogate. ``gate`` (default on): a :class:`SpeculationGate`, a mapping of its
     options, or False to draft every step. Both are exposed as attributes (``calibrator``, ``gate``).
-    ``request_accept`` (default on): a :class:`~bastion.controllers.request_accept.RequestAcceptance`, a
-    mapping of its options, or False: a single sequence's calibrated acceptance is scaled by how its
-    own drafts fared against it so far (attribute ``request_accept``; batches of several rows have
-    :meth:`realism` instead).
+    ``request_accept`` (default off): True, a
+    :class:`~bastion.controllers.request_accept.RequestAcceptance` or a mapping of its options scales a
+    single sequence's calibrated acceptance by how its own drafts fared against it so far (attribute
+    ``request_accept``, None when off; batches of several rows have :meth:`realism` instead). Off by
+    default: on the demo pair it ran slower than without it on every bench data set (docs/controllers.md).
     """
 
     def __init__(
@@ -113,7 +114,7 @@ class BastionController(BudgetController):
         extra_overhead_s: float = 0.0,
         calibration: AcceptanceCalibrator | Mapping[str, Any] | bool = True,
         gate: SpeculationGate | Mapping[str, Any] | bool = True,
-        request_accept: RequestAcceptance | Mapping[str, Any] | bool = True,
+        request_accept: RequestAcceptance | Mapping[str, Any] | bool = False,
     ) -> None:
         if rule not in ("scan", "first-decrease"):
             raise InvalidInputError(f"rule must be 'scan' or 'first-decrease', got {rule!r}")
