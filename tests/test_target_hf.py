@@ -204,3 +204,43 @@ def test_prefill_computes_logits_for_the_last_position_only_unless_asked():
     assert last.logits.shape == (1, target.vocab_size) and full.logits.shape == (9, target.vocab_size)
     torch.testing.assert_close(last.logits[0], full.logits[-1], atol=ATOL, rtol=1e-4)
     assert last.features.shape[0] == 9  # features stay per position: the drafter reads them all
+
+
+def _hooks(model) -> int:
+    return sum(len(m._forward_hooks) for m in model.modules())
+
+
+def test_features_of_every_layer_and_the_last_equal_hf_hidden_states_through_kept_hooks():
+    model = tiny_model("qwen3", seed=6)
+    target = HFTarget(model)
+    n_layers = model.config.num_hidden_layers
+    ids = torch.randint(3, 256, (1, 7))
+    with torch.no_grad():
+        ref = model(ids, output_hidden_states=True)
+    base = _hooks(model)  # Hugging Face's own (it installs its output recorders at the first forward)
+    everything = tuple(range(n_layers))[::-1]  # the last layer first: HF's final-norm output
+    for _ in range(2):  # the hooks registered at the first call serve the second
+        out = target.prefill(ids, feature_layers=everything)
+        want = torch.cat([ref.hidden_states[i + 1][0] for i in everything], dim=-1)
+        torch.testing.assert_close(out.features, want, atol=ATOL, rtol=1e-4)
+    assert _hooks(model) - base == n_layers  # one per tapped module, not one per call
+    HFTarget(model).prefill(ids, feature_layers=everything)  # a second target over the model shares them
+    assert _hooks(model) - base == n_layers
+    out = target.prefill(ids, feature_layers=(0,))  # another layer set replaces the hooks
+    torch.testing.assert_close(out.features, ref.hidden_states[1][0], atol=ATOL, rtol=1e-4)
+    assert _hooks(model) - base == 1
+    with torch.no_grad():  # disarmed hooks leave the model's own forward as it was
+        torch.testing.assert_close(model(ids).logits, ref.logits, atol=ATOL, rtol=1e-4)
+
+
+def test_a_model_without_a_final_norm_attribute_reads_the_last_layer_from_hf_hidden_states():
+    model = tiny_model("qwen3", seed=4)
+    target = HFTarget(model)
+    target._final_norm = None  # as for a decoder whose final norm is not at ``.norm``
+    last = model.config.num_hidden_layers - 1
+    ids = torch.randint(3, 256, (1, 5))
+    with torch.no_grad():
+        ref = model(ids, output_hidden_states=True)
+    out = target.prefill(ids, feature_layers=(last, 0))
+    want = torch.cat([ref.hidden_states[last + 1][0], ref.hidden_states[1][0]], dim=-1)
+    torch.testing.assert_close(out.features, want, atol=ATOL, rtol=1e-4)

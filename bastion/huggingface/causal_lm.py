@@ -106,22 +106,46 @@ def _as_ids(value: Any) -> set[int]:
     return set()
 
 
-class _LayerTap:
-    """Forward hooks that keep the outputs of the requested decoder layers for one forward call."""
+#: the attribute of a Hugging Face model that holds its feature hooks (:class:`_LayerTap`)
+_TAP_ATTR = "_bastion_feature_tap"
 
-    def __init__(self, layers: torch.nn.ModuleList, layer_ids: tuple[int, ...]) -> None:
+
+class _LayerTap:
+    """Forward hooks that keep the outputs of the requested decoder layers while armed.
+
+    ``final_norm``: the module whose output stands for the last layer (Hugging Face reports the
+    final-norm output as the last hidden state), or None to tap the last layer itself. The hooks stay
+    registered between forwards (registering and removing them on every step cost more than asking
+    Hugging Face for every hidden state); disarmed, each returns at once."""
+
+    def __init__(self, layers: torch.nn.ModuleList, layer_ids: tuple[int, ...], final_norm: torch.nn.Module | None = None) -> None:
+        self.layer_ids = layer_ids
+        self.final_norm = final_norm
         self.outputs: dict[int, torch.Tensor] = {}
-        self._handles = [layers[i].register_forward_hook(self._hook(i)) for i in sorted(set(layer_ids))]
+        self.armed = False
+        last = len(layers) - 1
+        modules = {i: (final_norm if i == last and final_norm is not None else layers[i]) for i in set(layer_ids)}
+        self._handles = [modules[i].register_forward_hook(self._hook(i)) for i in sorted(modules)]
 
     def _hook(self, i: int):
         def keep(_module: torch.nn.Module, _args: Any, output: Any) -> None:
-            self.outputs[i] = output[0] if isinstance(output, tuple) else output  # [1, n, H]
+            if self.armed:
+                self.outputs[i] = output[0] if isinstance(output, tuple) else output  # [B, n, H]
 
         return keep
 
+    def arm(self) -> None:
+        self.outputs = {}
+        self.armed = True
+
+    def disarm(self) -> None:
+        self.armed = False
+
     def close(self) -> None:
+        self.armed = False
         for h in self._handles:
             h.remove()
+        self._handles = []
 
 
 class HFTarget(Target):
@@ -147,6 +171,8 @@ class HFTarget(Target):
             raise IncompatibleComponentsError(
                 f"{type(model).__name__}: cannot find its decoder layers (expected a ModuleList at .layers)"
             )
+        norm = getattr(self._base, "norm", None)
+        self._final_norm: torch.nn.Module | None = norm if isinstance(norm, torch.nn.Module) else None
         cfg = model.config
         self._max_positions = next((int(getattr(cfg, k)) for k in _POSITION_KEYS if getattr(cfg, k, None)), 0)
         if self._max_positions < 2:
@@ -426,6 +452,17 @@ class HFTarget(Target):
             self._layers_ok = feature_layers
         return layers
 
+    def _tap_for(self, layers: tuple[int, ...]) -> _LayerTap:
+        """The persistent hooks for ``layers`` (replacing those of another layer set). They belong to the
+        model, not to this adapter, so every target over one model shares one set."""
+        tap = getattr(self.model, _TAP_ATTR, None)
+        if tap is None or tap.layer_ids != layers or tap.final_norm is not self._final_norm:
+            if tap is not None:
+                tap.close()
+            tap = _LayerTap(self._layers, layers, self._final_norm)
+            object.__setattr__(self.model, _TAP_ATTR, tap)  # a plain attribute, not a registered submodule
+        return tap
+
     def forward_rows(
         self,
         ids: torch.Tensor,  # [B, n]
@@ -439,9 +476,12 @@ class HFTarget(Target):
         positions) and features [B, n, F] (or None). Used by the batched state."""
         layers = self._check_layers(feature_layers)
         last = len(self._layers) - 1
-        # the last layer's HF hidden state is the final-norm output: ask HF for hidden states only then
-        want_all = last in layers
-        tap = _LayerTap(self._layers, layers) if layers and not want_all else None
+        # the last layer's HF hidden state is the final-norm output: tap the final norm for it, or, in a
+        # model without one at ``.norm``, ask HF for every hidden state (slower: it keeps them all)
+        want_all = last in layers and self._final_norm is None
+        tap = self._tap_for(layers) if layers and not want_all else None
+        if tap is not None:
+            tap.arm()
         try:
             out = self.model(
                 input_ids=ids,
@@ -453,7 +493,7 @@ class HFTarget(Target):
             )
         finally:
             if tap is not None:
-                tap.close()
+                tap.disarm()
         logits = out.logits  # [B, n, V]
         if not layers:
             return logits, None
