@@ -199,6 +199,8 @@ class Engine:
         Prompts up to ``prefill_chunk`` tokens are prefilled together, at most ``prefill_tokens`` prompt
         tokens per step; a longer prompt is prefilled one chunk per step (one at a time) while the
         running rows keep decoding, and joins when its last chunk is in."""
+        if not self._waiting and self._chunked is None:  # nothing to admit (most steps)
+            return 0
         if self._rows and not self._can_join():  # the batch states cannot take rows in: wait for a drain
             return 0
         joined = 0
