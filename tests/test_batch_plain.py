@@ -151,6 +151,38 @@ def test_forward_next_equals_a_one_node_tree_step_and_commit_next_keeps_each_row
             rows = [rows[i] for i in keep]
 
 
+
+@pytest.mark.parametrize("lengths", [(7,), (9, 9, 9)])
+def test_an_unpadded_batch_decodes_plain_steps_without_a_mask_and_equals_one_node_tree_steps(lengths):
+    target = HFTarget(_model())
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 256, (n,), generator=gen) for n in lengths]
+    fast, ref = HFTargetBatch(target), HFTargetBatch(target)
+    fast.prefill(prompts)
+    ref.prefill(prompts)
+    masks = []
+    forward_rows = target.forward_rows
+
+    def spy(ids, mask, *args, **kwargs):
+        masks.append(mask)
+        return forward_rows(ids, mask, *args, **kwargs)
+
+    b = len(prompts)
+    for k in range(3):
+        tokens = torch.tensor([(40 + 7 * k + 11 * i) % 256 for i in range(b)])
+        target.forward_rows = spy
+        mine = fast.forward_next(tokens).logits  # [B, 1, V]
+        target.forward_rows = forward_rows
+        theirs = ref.forward_trees([Tree.from_parents(tokens[i : i + 1], [-1]) for i in range(b)]).logits
+        torch.testing.assert_close(mine, theirs[:, :1], atol=1e-5, rtol=1e-4)
+        fast.commit_next()
+        ref.commit([torch.zeros(1, dtype=torch.long)] * b)
+        assert fast.context_lens == ref.context_lens == [n + k + 1 for n in lengths]
+        for a, r in zip(fast.cache.layers, ref.cache.layers):
+            torch.testing.assert_close(a.keys[:, :, : fast.context_lens[0]], r.keys[:, :, : ref.context_lens[0]], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(a.values[:, :, : fast.context_lens[0]], r.values[:, :, : ref.context_lens[0]], atol=1e-5, rtol=1e-4)
+    assert masks == [None] * 3  # every row's context fills the slots: plain causal decoding, no mask built
+
 def test_commit_next_without_a_pending_plain_forward_is_refused():
     from bastion.contract.errors import InvalidInputError
 

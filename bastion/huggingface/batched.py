@@ -179,10 +179,17 @@ class HFTargetBatch(TargetBatch):
             row = self._ctx.index(longest)
             raise InvalidInputError(f"row {row}: {longest} committed tokens leave no position below the target's {t.max_positions}")
         dev, s = t.device, self._slots
+        ids = tokens.to(dev, torch.long)[:, None]  # [B, 1]
+        if self._aligned():
+            # every row's context fills the slots (a batch of one always): each new token sees every slot
+            # before it and itself, plain causal decoding, no mask to build or apply
+            positions = torch.full((b, 1), s, dtype=torch.long, device=dev)  # [B, 1]
+            logits, feats = t.forward_rows(ids, None, positions, self._cache, feature_layers)
+            self._pending = 1
+            return BatchTargetOutput(logits=logits, features=feats)
         ctx_t = torch.tensor(self._ctx, device=dev)  # [B]
         cols = torch.arange(s + 1, device=dev)  # [S + 1]
         visible = (cols[None, :] < ctx_t[:, None]) | (cols[None, :] == s)  # [B, S + 1]: own context, own new slot
-        ids = tokens.to(dev, torch.long)[:, None]  # [B, 1]
         logits, feats = t.forward_rows(ids, self._additive(visible[:, None, :]), ctx_t[:, None], self._cache, feature_layers)
         self._pending = 1
         return BatchTargetOutput(logits=logits, features=feats)  # [B, 1, V], [B, 1, F]
@@ -194,6 +201,11 @@ class HFTargetBatch(TargetBatch):
         if self._pending != 1:
             raise InvalidInputError("commit_next() needs the one-token block of forward_next() pending")
         b, s = len(self._ctx), self._slots
+        if self._aligned():  # every row's new entry already sits at its own slot ctx_i == S
+            self._ctx = [ctx + 1 for ctx in self._ctx]
+            self._pending = 0
+            self._slots = s + 1
+            return
         dev = self.target.device
         ctx_t = torch.tensor(self._ctx, device=dev)  # [B] destination slots
         rows = torch.arange(b, device=dev)  # [B]
@@ -268,6 +280,11 @@ class HFTargetBatch(TargetBatch):
         if length > longest:
             self._cache.crop(-(length - longest))
         self._slots = longest
+
+    def _aligned(self) -> bool:
+        """Whether every row's context is exactly the cache's slots (no row is padded)."""
+        s = self._slots
+        return all(ctx == s for ctx in self._ctx)
 
     def _drop_pending(self) -> None:
         if self._pending:
