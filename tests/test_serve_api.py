@@ -157,6 +157,30 @@ def test_completions_streamed_and_not_equal_offline_generate(pipe: Any, server: 
         assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == got.choices[0].finish_reason
 
 
+
+def test_a_request_answered_whole_gets_no_per_step_events_and_a_stream_gets_them(pipe: Any, server: BastionServer,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from bastion.serve import worker as worker_mod
+
+    seen: list[tuple[bool, str]] = []
+    real = worker_mod.Ticket.push
+
+    def spy(self: Any, event: Any) -> None:
+        seen.append((self.deltas, type(event).__name__))
+        real(self, event)
+
+    monkeypatch.setattr(worker_mod.Ticket, "push", spy)
+    c = client(server)
+    want = offline(pipe, PROMPTS[0], 16)
+    assert c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0).choices[0].text == want.text
+    whole = [kind for deltas, kind in seen if not deltas]
+    assert whole == ["Accepted", "Finished"]  # the engine's steps never woke the event loop for it
+    seen.clear()
+    chunks = list(c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == want.text
+    kinds = [kind for deltas, kind in seen if deltas]
+    assert kinds[0] == "Accepted" and kinds[-1] == "Finished" and kinds.count("Delta") >= 1
+
 def test_completion_from_token_ids_equals_offline_generate(pipe: Any, server: BastionServer) -> None:
     ids = pipe.encode(PROMPTS[4])[0].tolist()
     want = offline(pipe, PROMPTS[4], 12)

@@ -144,7 +144,7 @@ async def _generate(state: AppState, http: Request, req: CompletionRequest | Cha
                     prepare: Callable[[], Prepared], *, chat: bool) -> Response:
     """Submit the request; answer with its whole result, or stream it as server-sent events."""
     worker = state.worker
-    ticket = worker.submit(prepare)
+    ticket = worker.submit(prepare, deltas=bool(req.stream))  # a whole answer needs no per-step events
     try:
         first = await ticket.next_event()
     except BaseException:

@@ -9,7 +9,8 @@ the next step. Then it runs one :meth:`Engine.step` and forwards each request's 
 running or waiting it blocks on its inbox (no busy loop).
 
 Events a :class:`Ticket` receives, in order: :class:`Accepted` or :class:`Rejected` (then nothing
-else); then :class:`Delta` per step that committed tokens; then one :class:`Finished`.
+else); then :class:`Delta` per step that committed tokens (unless submitted with ``deltas=False``);
+then one :class:`Finished`.
 """
 
 from __future__ import annotations
@@ -75,9 +76,12 @@ class Ticket:
     """One request as the front end and the engine thread share it: how to prepare it (run on the
     engine thread), the asyncio queue its events arrive in, and its engine request once added."""
 
-    def __init__(self, prepare: Callable[[], Prepared], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, prepare: Callable[[], Prepared], loop: asyncio.AbstractEventLoop, *, deltas: bool = True) -> None:
         self.prepare = prepare
         self.loop = loop
+        #: whether the front end wants a :class:`Delta` per step (a stream) or only the last event; a
+        #: request answered whole gets none, so its steps never wake the event loop
+        self.deltas = deltas
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.request: Any = None  # the engine's Request, set by the engine thread
         self.cancelled = False  # set by the front end; the engine thread acts on it
@@ -154,9 +158,10 @@ class EngineWorker:
         with self._lock:
             return self._open
 
-    def submit(self, prepare: Callable[[], Prepared]) -> Ticket:
-        """Queue a request (call from the front end's event loop); its events arrive in the ticket."""
-        ticket = Ticket(prepare, asyncio.get_running_loop())
+    def submit(self, prepare: Callable[[], Prepared], *, deltas: bool = True) -> Ticket:
+        """Queue a request (call from the front end's event loop); its events arrive in the ticket
+        (``deltas=False``: no :class:`Delta` events, for a request answered whole)."""
+        ticket = Ticket(prepare, asyncio.get_running_loop(), deltas=deltas)
         if not self.alive:
             ticket.events.put_nowait(Rejected(UnavailableError("the engine is not running", code="engine_down")))
             return ticket
@@ -264,7 +269,7 @@ class EngineWorker:
                 if not ticket.first_token_seen:
                     ticket.first_token_seen = True
                     self.metrics.observe_first_token(update.request)
-            if update.tokens or update.text:
+            if ticket.deltas and (update.tokens or update.text):
                 ticket.push(Delta(update.text, len(update.tokens)))
             if update.finished:
                 self._finish(ticket, update.request)
