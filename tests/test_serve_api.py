@@ -163,13 +163,13 @@ def test_a_request_answered_whole_gets_no_per_step_events_and_a_stream_gets_them
     from bastion.serve import worker as worker_mod
 
     seen: list[tuple[bool, str]] = []
-    real = worker_mod.Ticket.push
+    real = worker_mod.Ticket.receive
 
     def spy(self: Any, event: Any) -> None:
         seen.append((self.deltas, type(event).__name__))
         real(self, event)
 
-    monkeypatch.setattr(worker_mod.Ticket, "push", spy)
+    monkeypatch.setattr(worker_mod.Ticket, "receive", spy)
     c = client(server)
     want = offline(pipe, PROMPTS[0], 16)
     assert c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0).choices[0].text == want.text
@@ -431,3 +431,26 @@ def test_a_drain_refuses_new_work_and_cancels_what_outlives_its_timeout(pipe: An
         assert server.drained_in is not None and server.drained_in < 5
     finally:
         server.stop()
+
+
+def test_steps_that_arrive_while_a_stream_waits_go_out_as_one_chunk_with_the_same_text() -> None:
+    import json as _json
+    from types import SimpleNamespace
+
+    from bastion.serve.app import _stream
+    from bastion.serve.worker import Delta, Finished, Ticket
+
+    async def run() -> list[str]:
+        ticket = Ticket(lambda: None, asyncio.get_running_loop())
+        for text in ("Once", " upon", " a time"):  # three steps delivered before the stream reads any
+            ticket.receive(Delta(text, 1))
+        ticket.receive(Finished("length", 4, 3, "Once upon a time", None))
+        state = SimpleNamespace(model_name=MODEL, worker=SimpleNamespace(cancel=lambda t: None))
+        return [piece async for piece in _stream(state, ticket, "cmpl-1", chat=False, include_usage=False)]
+
+    events = asyncio.run(run())
+    assert events[-1] == "data: [DONE]\n\n"
+    bodies = [_json.loads(e[len("data: "):]) for e in events[:-1]]
+    texts = [b["choices"][0]["text"] for b in bodies]
+    assert texts == ["Once upon a time", ""]  # one text chunk, then the finish chunk
+    assert bodies[-1]["choices"][0]["finish_reason"] == "length"

@@ -37,7 +37,7 @@ from bastion.serve.protocol import (
     parse_completion,
     usage,
 )
-from bastion.serve.worker import Accepted, Delta, EngineWorker, Finished, Rejected, Ticket
+from bastion.serve.worker import Accepted, Delta, EngineWorker, Event, Finished, Rejected, Ticket
 
 __all__ = ["AppState", "DISCONNECT_POLL_S", "create_app"]
 
@@ -189,19 +189,27 @@ def _sse(obj: Any) -> str:
 
 
 async def _stream(state: AppState, ticket: Ticket, rid: str, *, chat: bool, include_usage: bool) -> AsyncIterator[str]:
-    """The request's server-sent events: a chunk per step that released text, the finish reason, the
-    usage (``include_usage``), ``[DONE]``. An error mid-stream is sent as an ``{"error": ...}`` event.
+    """The request's server-sent events: a chunk per step that released text (the steps that arrived
+    while the stream waited for the event loop, as one chunk), the finish reason, the usage
+    (``include_usage``), ``[DONE]``. An error mid-stream is sent as an ``{"error": ...}`` event.
     Leaving early (the client disconnected) cancels the request."""
     model, created = state.model_name, int(time.time())
     try:
         if chat:
             yield _sse(chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, with_usage=include_usage))
+        ahead: Event | None = None  # an event read while gathering deltas, handled next
         while True:
-            event = await ticket.next_event()
+            event = ahead if ahead is not None else await ticket.next_event()
+            ahead = None
             if isinstance(event, Delta):
-                if event.text:
-                    piece = chat_chunk(rid, model, created, {"content": event.text}, with_usage=include_usage) if chat else \
-                        completion_chunk(rid, model, created, event.text, with_usage=include_usage)
+                # the steps that arrived while this stream waited for the loop go out as one chunk
+                text = [event.text]
+                while isinstance(ahead := ticket.next_ready(), Delta):
+                    text.append(ahead.text)
+                joined = "".join(text)
+                if joined:
+                    piece = chat_chunk(rid, model, created, {"content": joined}, with_usage=include_usage) if chat else \
+                        completion_chunk(rid, model, created, joined, with_usage=include_usage)
                     yield _sse(piece)
                 continue
             if isinstance(event, Finished):

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import attrs
 import torch
@@ -70,6 +70,7 @@ class Finished:
 
 
 Event = Accepted | Rejected | Delta | Finished
+E = TypeVar("E", Rejected, Finished)
 
 
 class Ticket:
@@ -90,17 +91,46 @@ class Ticket:
 
     async def next_event(self) -> Event:
         """The next event (waits for it); marks the ticket closed on its last one."""
-        event = await self.events.get()
+        return self._seen(await self.events.get())
+
+    def next_ready(self) -> Event | None:
+        """The next event if one has arrived, else None (no wait)."""
+        try:
+            return self._seen(self.events.get_nowait())
+        except asyncio.QueueEmpty:
+            return None
+
+    def _seen(self, event: Event) -> Event:
         if isinstance(event, (Rejected, Finished)):
             self.closed = True
         return event
 
+    def receive(self, event: Event) -> None:
+        """Queue ``event`` for the front end (runs on the front end's loop)."""
+        self.events.put_nowait(event)
+
     def push(self, event: Event) -> None:
         """Hand ``event`` to the front end's loop (from the engine thread)."""
+        push_all([(self, event)])
+
+
+def push_all(items: list[tuple[Ticket, Event]]) -> None:
+    """Hand each ``(ticket, event)`` to its ticket's loop, in order, with one wake-up per loop (from the
+    engine thread): a step's events for every running request cost the front end one wake-up, not one
+    per request."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Ticket, Event]]] = {}
+    for ticket, event in items:
+        by_loop.setdefault(ticket.loop, []).append((ticket, event))
+    for loop, batch in by_loop.items():
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            loop.call_soon_threadsafe(_receive_all, batch)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+
+def _receive_all(batch: list[tuple[Ticket, Event]]) -> None:
+    for ticket, event in batch:
+        ticket.receive(event)
 
 
 _STOP = "stop"
@@ -260,6 +290,7 @@ class EngineWorker:
             self._fail_all(as_api_error(exc))
             self._engine = self._new_engine()
             return
+        out: list[tuple[Ticket, Event]] = []  # this step's events, handed over together
         for update in updates:
             ticket = self._live.get(update.request.id)
             if ticket is None:
@@ -270,13 +301,14 @@ class EngineWorker:
                     ticket.first_token_seen = True
                     self.metrics.observe_first_token(update.request)
             if ticket.deltas and (update.tokens or update.text):
-                ticket.push(Delta(update.text, len(update.tokens)))
+                out.append((ticket, Delta(update.text, len(update.tokens))))
             if update.finished:
-                self._finish(ticket, update.request)
+                out.append((ticket, self._finish(ticket, update.request, push=False)))
+        push_all(out)
         if engine.last_step is not None:
             self.metrics.observe_step(engine.last_step)
 
-    def _finish(self, ticket: Ticket, request: Any) -> None:
+    def _finish(self, ticket: Ticket, request: Any, *, push: bool = True) -> Finished:
         reason = str(request.stop_reason)
         self.metrics.finished.labels(reason).inc()
         error = None
@@ -285,12 +317,16 @@ class EngineWorker:
         elif reason == "cancelled":
             error = UnavailableError("the request was cancelled before it finished", code="cancelled")
         self._live.pop(request.id, None)
-        self._close(ticket, Finished(reason, request.prompt_len, len(request.tokens), request.text, error))
+        return self._close(ticket, Finished(reason, request.prompt_len, len(request.tokens), request.text, error), push=push)
 
-    def _close(self, ticket: Ticket, event: Rejected | Finished) -> None:
+    def _close(self, ticket: Ticket, event: E, *, push: bool = True) -> E:
+        """The request is over: one fewer open; ``event`` (its last) handed over now, or by the caller
+        (``push=False``) -> ``event``."""
         with self._lock:
             self._open -= 1
-        ticket.push(event)
+        if push:
+            ticket.push(event)
+        return event
 
     def _fail_all(self, error: APIError) -> None:
         """End every request in the engine with ``error`` (the engine is dropped or shutting down)."""
