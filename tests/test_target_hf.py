@@ -244,3 +244,25 @@ def test_a_model_without_a_final_norm_attribute_reads_the_last_layer_from_hf_hid
     out = target.prefill(ids, feature_layers=(last, 0))
     want = torch.cat([ref.hidden_states[last + 1][0], ref.hidden_states[1][0]], dim=-1)
     torch.testing.assert_close(out.features, want, atol=ATOL, rtol=1e-4)
+
+
+def test_a_model_that_served_features_still_pickles_and_its_deep_copy_reads_its_own_features():
+    import copy
+    import io
+
+    model = tiny_model("qwen3", seed=8)
+    ids = torch.randint(3, 256, (1, 6))
+    layers = tuple(range(model.config.num_hidden_layers))
+    first = HFTarget(model).prefill(ids, feature_layers=layers).features
+    buffer = io.BytesIO()
+    torch.save(model, buffer)  # the kept hooks do not stop a whole-model save
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(0.5)  # a different model: its features must be its own
+        ref = twin(ids, output_hidden_states=True)
+    got = HFTarget(twin).prefill(ids, feature_layers=layers).features
+    want = torch.cat([ref.hidden_states[i + 1][0] for i in layers], dim=-1)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-4)
+    again = HFTarget(model).prefill(ids, feature_layers=layers).features  # the original is untouched
+    torch.testing.assert_close(again, first, atol=ATOL, rtol=1e-4)

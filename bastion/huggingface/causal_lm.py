@@ -116,7 +116,9 @@ class _LayerTap:
     ``final_norm``: the module whose output stands for the last layer (Hugging Face reports the
     final-norm output as the last hidden state), or None to tap the last layer itself. The hooks stay
     registered between forwards (registering and removing them on every step cost more than asking
-    Hugging Face for every hidden state); disarmed, each returns at once."""
+    Hugging Face for every hidden state); disarmed, each returns at once. Hooks and tap are plain
+    objects, so a model that carries them still pickles and deep-copies (the copy's hooks feed the
+    copy's tap)."""
 
     def __init__(self, layers: torch.nn.ModuleList, layer_ids: tuple[int, ...], final_norm: torch.nn.Module | None = None) -> None:
         self.layer_ids = layer_ids
@@ -125,14 +127,7 @@ class _LayerTap:
         self.armed = False
         last = len(layers) - 1
         modules = {i: (final_norm if i == last and final_norm is not None else layers[i]) for i in set(layer_ids)}
-        self._handles = [modules[i].register_forward_hook(self._hook(i)) for i in sorted(modules)]
-
-    def _hook(self, i: int):
-        def keep(_module: torch.nn.Module, _args: Any, output: Any) -> None:
-            if self.armed:
-                self.outputs[i] = output[0] if isinstance(output, tuple) else output  # [B, n, H]
-
-        return keep
+        self._handles = [modules[i].register_forward_hook(_Keep(self, i)) for i in sorted(modules)]
 
     def arm(self) -> None:
         self.outputs = {}
@@ -141,11 +136,30 @@ class _LayerTap:
     def disarm(self) -> None:
         self.armed = False
 
+    def take(self) -> dict[int, torch.Tensor]:
+        """The outputs kept by the last armed forward; the tap holds none after (no tensor outlives its use)."""
+        out, self.outputs = self.outputs, {}
+        return out
+
     def close(self) -> None:
         self.armed = False
+        self.outputs = {}
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+class _Keep:
+    """The forward hook of one tapped module: while its tap is armed, keep the module's output."""
+
+    __slots__ = ("tap", "index")
+
+    def __init__(self, tap: _LayerTap, index: int) -> None:
+        self.tap, self.index = tap, index
+
+    def __call__(self, _module: torch.nn.Module, _args: Any, output: Any) -> None:
+        if self.tap.armed:
+            self.tap.outputs[self.index] = output[0] if isinstance(output, tuple) else output  # [B, n, H]
 
 
 class HFTarget(Target):
@@ -500,7 +514,8 @@ class HFTarget(Target):
         if want_all:
             feats = [out.hidden_states[i + 1] for i in layers]  # each [B, n, H]
         else:
-            feats = [tap.outputs[i] for i in layers]
+            kept = tap.take()
+            feats = [kept[i] for i in layers]
         return logits, torch.cat(feats, dim=-1)  # [B, n, F]
 
 
