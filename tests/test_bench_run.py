@@ -401,3 +401,29 @@ def test_balanced_orders_reject_a_count_below_one() -> None:
 
     with pytest.raises(InvalidInputError):
         balanced_orders(0)
+
+
+def test_the_measured_methods_start_from_fresh_adaptive_state_after_the_warm_up(pair, data_dir: Path) -> None:
+    from bastion.controllers import BastionController
+
+    made: list[BastionController] = []
+
+    class Counting(BastionController):
+        def __init__(self, **kw) -> None:
+            super().__init__(**kw)
+            self.begun = 0
+            made.append(self)
+
+        def begin(self, sampling) -> None:
+            self.begun += 1
+            super().begin(sampling)
+
+    reg = bastion.registry
+    reg.register("budget_controller", "counting-bench-test", Counting)
+    cfg = BenchConfig(datasets=("gsm8k",), methods=("ar", "best-first@counting-bench-test"), limit=2, max_new_tokens=6,
+                      warmup_tokens=3, repeats=1, data_dir=str(data_dir))
+    target, drafter = pair
+    run_bench(cfg, target, drafter, progress=False)
+    assert len(made) == 2  # one for the warm-up, a fresh one for the measured runs
+    warm, measured = made
+    assert warm.begun == 1 and measured.begun == 2  # the measured controller heard nothing of the warm-up
