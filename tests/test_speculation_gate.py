@@ -97,16 +97,45 @@ def test_a_setting_that_ended_switched_off_starts_its_next_sequence_off_and_cont
     assert gate.should_draft() and gate.speculating
 
 
-def test_a_stream_of_short_requests_probes_as_one_long_sequence_would():
-    def drafted(lengths):
-        gate = SpeculationGate(min_backoff=2, max_backoff=8, smoothing=1.0)
+def test_a_stream_of_short_requests_probes_as_one_long_sequence_would_plus_rare_first_step_looks():
+    def drafted(lengths, **kw):
+        gate = SpeculationGate(min_backoff=2, max_backoff=8, smoothing=1.0, **kw)
         out = []
         for n in lengths:
             gate.start("T=1")
             out += run(gate, iter(lambda: 0.5, None), n)
         return out
 
-    assert drafted([5] * 20) == drafted([100])
+    # the countdown alone (no first-step looks): exactly as one long sequence
+    assert drafted([5] * 20, start_probe=None) == drafted([100], start_probe=None)
+    # with them, where probes never pay: a look on the first step of requests 2, 2 + 4, 2 + 4 + 8 (the
+    # gap doubling while looks do not pay): at most 3 more drafted steps in 20 requests (a look also
+    # restarts the countdown, so the scheduled probes after it shift)
+    stream, long = drafted([5] * 20), drafted([100])
+    assert 0 < sum(stream) - sum(long) <= 3
+    looks = [k for k in range(20) if stream[5 * k] and not long[5 * k]]
+    assert looks == [2, 6, 14]
+
+
+def test_a_request_whose_drafts_pay_after_a_phase_where_they_did_not_is_looked_at_within_the_gap():
+    gate = SpeculationGate(min_backoff=2, max_backoff=256, smoothing=1.0)
+    for _ in range(6):  # a phase where drafting never pays: probes fail, the back-off grows, the share falls
+        gate.start("T=0")
+        run(gate, iter(lambda: 0.5, None), 60)
+    assert not gate.speculating
+    waited = 0  # plain steps the new phase decodes before its first draft
+    for _ in range(20):  # the workload changes (short requests whose every step would pay)
+        gate.start("T=0")
+        steps = run(gate, iter(lambda: 3.0, None), 10)
+        if any(steps):
+            waited += steps.index(True)
+            break
+        waited += 10
+    # within the look gap (2 requests here); the carried countdown alone waited 158 plain steps
+    assert waited <= 20
+    assert gate.speculating
+    gate.start("T=0")  # a request after one that ended speculating starts speculating
+    assert gate.should_draft()
 
 
 def test_a_request_that_starts_switched_off_probes_first_where_its_settings_probes_often_paid():

@@ -41,7 +41,12 @@ text, though, and greedy requests differ: one whose drafts are mostly accepted c
 drafts were not. So a request that starts switched off probes on its first step when enough of its
 setting's recent probes paid (``start_probe``, a running share over probes): under a setting where
 drafting sometimes pays, each request gets its own first look; under one where probes keep failing
-(sampling at T = 1 with this drafter), the share falls and the countdown alone decides, as before.
+(sampling at T = 1 with this drafter), the share falls and the countdown decides. The workload may
+change after such a stretch, though (math prompts after chat ones), and the carried countdown, grown
+over the failed probes, would then keep the new requests plain for hundreds of steps: so every
+second request that starts switched off without that first look still gets it, the gap doubling (to
+16 requests) while these looks do not pay and returning to 2 when one does. A drafter that never pays
+then costs one look in up to 16 requests.
 
 The gate holds state across requests, per key (a sampling setting, and for batches its size): the
 countdown, the back-off, the share of probes that paid and the probe cost. :meth:`start` opens a
@@ -63,6 +68,9 @@ __all__ = ["SpeculationGate"]
 _PAID_WEIGHT = 0.25
 #: failed probes a setting must have costed before their excess lengthens the wait after one
 _EXCESS_SAMPLES = 2
+#: requests starting switched off (with too few paying probes for ``start_probe``) between two
+#: first-step looks: the first gap, and the largest the gap doubles to after looks that did not pay
+_LOOK_GAP, _LOOK_GAP_MAX = 2, 16
 
 
 class SpeculationGate:
@@ -142,6 +150,11 @@ class SpeculationGate:
         self._cost_due = False  # the last update was a probe that did not pay: its cost is due
         #: per sampling key, how its last sequence ended: (speculating, backoff, gain, plain steps left before the probe)
         self._ended: dict[object, tuple[bool, int, float | None, int]] = {}
+        #: per sampling key: requests started switched off without a first-step look since the last
+        #: look, and the gap (in such requests) before the next one
+        self._unlooked: dict[object, int] = {}
+        self._look_gap: dict[object, int] = {}
+        self._look_pending = False  # this request's first step is such a look: its outcome sets the gap
         self._key: object = None
         self.reset()
 
@@ -161,8 +174,21 @@ class SpeculationGate:
             self.speculating, self._probing = False, False
             self.backoff, self.gain, self.wait = ended[1], ended[2], ended[3]
             paid = self._paid.get(key)
-            if self.start_probe is not None and paid is not None and paid >= self.start_probe:
+            if self.start_probe is None:
+                return
+            if paid is not None and paid >= self.start_probe:
                 self.wait = 0  # a new text under a setting where probes often pay: look at it first
+                return
+            # probes rarely paid lately; the workload may have changed since (code after chat): every
+            # gap-th such request still looks on its first step, the gap doubling (to a bound) while
+            # the looks do not pay, so a drafter that never pays costs one look in up to 16 requests
+            unlooked = self._unlooked.get(key, 0) + 1
+            if unlooked >= self._look_gap.get(key, _LOOK_GAP):
+                self._unlooked[key] = 0
+                self.wait = 0
+                self._look_pending = True
+            else:
+                self._unlooked[key] = unlooked
 
     def reset(self) -> None:
         """Start a new sequence: speculate on the first step (it is the first probe)."""
@@ -174,6 +200,7 @@ class SpeculationGate:
         self.probes = 0  # speculative steps taken while switched off (the first step counts)
         self.plain_steps = 0
         self._cost_due = False
+        self._look_pending = False
 
     def should_draft(self) -> bool:
         """Whether this step drafts; call exactly once per step (it counts the plain steps)."""
@@ -200,6 +227,10 @@ class SpeculationGate:
             last = self._paid.get(self._key)
             won = 1.0 if pays else 0.0
             self._paid[self._key] = won if last is None else last + _PAID_WEIGHT * (won - last)
+            if self._look_pending:
+                gap = self._look_gap.get(self._key, _LOOK_GAP)
+                self._look_gap[self._key] = _LOOK_GAP if pays else min(_LOOK_GAP_MAX, 2 * gap)
+                self._look_pending = False
         if pays:
             self.speculating = True
             self.backoff = self.min_backoff
