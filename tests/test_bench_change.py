@@ -113,3 +113,24 @@ def test_a_load_that_runs_free_ignores_alignment():
     with load:
         load.align(1)  # nothing is written: no error, the load keeps its own clock
         assert load.running
+
+
+def test_greedy_output_equals_the_models_own_greedy_decoding_beside_the_contention_harness():
+    import torch
+
+    import bastion
+    from bastion.huggingface.causal_lm import HFTarget
+    from bastion.testing.drafters import NoisyOracleDrafter
+    from bastion.testing.reference import greedy_reference
+    from bastion.testing.tiny import tiny_model
+
+    model = tiny_model("qwen3", seed=0)
+    pipe = bastion.Pipeline(HFTarget(model), NoisyOracleDrafter(model, block_size=4, noise=1.0, seed=0))
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, 256, (1, n), generator=gen) for n in (5, 17, 9)]
+    with Contention(parse_contention("torch:1@0.2/0.1")) as load:  # bursts while the timings decide trees
+        for k, prompt in enumerate(prompts):
+            load.align(k)
+            res = pipe.generate(prompt, max_new_tokens=24, temperature=0.0, stop_on_eos=False)
+            assert res.tokens == greedy_reference(model, prompt, 24)
+        assert load.running
