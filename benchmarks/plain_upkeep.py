@@ -18,11 +18,8 @@ from typing import Callable
 
 import torch
 
-import bastion
 from bastion.bench.methods import ARDecoder
-
-#: the bastion controller's gate held off: one probe, then no draft for 4096 steps
-_HELD_OFF = {"margin": float("inf"), "min_backoff": 4096, "max_backoff": 4096, "ceiling": 4096, "start_probe": None}
+from engine_concurrency import make_pipeline  # the demo pipelines: "upkeep" (bastion, gate held off), "plain"
 
 
 def fastest(fn: Callable[[], object], repeats: int) -> float:
@@ -45,10 +42,8 @@ def main() -> None:
     if min(args.rounds, args.repeats, args.new_tokens) < 1:
         parser.error("--rounds, --repeats and --new-tokens must be >= 1")
     torch.set_num_threads(args.threads)
-    upkeep = bastion.Pipeline.demo(component_options={"budget_controller": {"gate": _HELD_OFF}})
-    old = bastion.Pipeline.demo(component_options={"budget_controller": {"gate": _HELD_OFF}})
+    upkeep, old, plain = make_pipeline("upkeep"), make_pipeline("upkeep"), make_pipeline("plain")
     old.target._final_norm = None  # the last layer's features from HF's output_hidden_states
-    plain = bastion.Pipeline.demo(budget_controller="plain")
     ids = torch.tensor([upkeep.tokenizer(args.prompt)["input_ids"]])
     ar = ARDecoder(upkeep.target)
     n = args.new_tokens

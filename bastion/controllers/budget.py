@@ -432,7 +432,8 @@ class BastionController(BudgetController):
         rates = self._rates(scores)  # [n_max] per-node acceptance, root first
         k, speedup, a_cal = self._scan(self._request_rates(rates), t_verify, cand, overhead)
         n = cand[k]
-        self._expected_extra = sum(rates[1:n])  # what calibration alone expects the tree to add
+        if self.request_accept is not None:
+            self._expected_extra = sum(rates[1:n])  # what calibration alone expects the tree to add
         # a single sequence's acceptance curve teaches the one batched steps predict from: a batch's
         # first step after single-request traffic is then decided on it, not probed blind
         self.row_curve = _blend_curves(self.row_curve, np.cumsum(np.asarray(rates, dtype=np.float64)), _ROW_CURVE_EMA)

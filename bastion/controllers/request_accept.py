@@ -16,7 +16,7 @@ calibrator; ``decay`` forgets old steps, so a request whose text changes charact
 block in a chat answer) follows within a few steps. The controller multiplies the calibrated
 per-node acceptance of the request's drafted nodes by ``f`` (at most 1 each): on a request that
 accepts less than calibration says, the predicted gain falls and the gate switches to plain decoding
-sooner; on one that accepts more, trees may grow. Each request starts at ``f = 1``.
+sooner; on one that accepts more, trees may grow.
 
 Each request starts at ``f = 1``, not at its predecessor's factor: carrying half the previous request's
 evidence into the next was measured on planted requests (a well-predicted request after a poor one) and

@@ -183,14 +183,13 @@ class HFTargetBatch(TargetBatch):
         if self._aligned():
             # every row's context fills the slots (a batch of one always): each new token sees every slot
             # before it and itself, plain causal decoding, no mask to build or apply
-            positions = torch.full((b, 1), s, dtype=torch.long, device=dev)  # [B, 1]
-            logits, feats = t.forward_rows(ids, None, positions, self._cache, feature_layers)
-            self._pending = 1
-            return BatchTargetOutput(logits=logits, features=feats)
-        ctx_t = torch.tensor(self._ctx, device=dev)  # [B]
-        cols = torch.arange(s + 1, device=dev)  # [S + 1]
-        visible = (cols[None, :] < ctx_t[:, None]) | (cols[None, :] == s)  # [B, S + 1]: own context, own new slot
-        logits, feats = t.forward_rows(ids, self._additive(visible[:, None, :]), ctx_t[:, None], self._cache, feature_layers)
+            mask, positions = None, torch.full((b, 1), s, dtype=torch.long, device=dev)  # [B, 1]
+        else:
+            ctx_t = torch.tensor(self._ctx, device=dev)  # [B]
+            cols = torch.arange(s + 1, device=dev)  # [S + 1]
+            visible = (cols[None, :] < ctx_t[:, None]) | (cols[None, :] == s)  # [B, S + 1]: own context, own new slot
+            mask, positions = self._additive(visible[:, None, :]), ctx_t[:, None]
+        logits, feats = t.forward_rows(ids, mask, positions, self._cache, feature_layers)
         self._pending = 1
         return BatchTargetOutput(logits=logits, features=feats)  # [B, 1, V], [B, 1, F]
 

@@ -70,7 +70,7 @@ class Finished:
 
 
 Event = Accepted | Rejected | Delta | Finished
-E = TypeVar("E", Rejected, Finished)
+_LastEvent = TypeVar("_LastEvent", Rejected, Finished)  # a request's last event
 
 
 class Ticket:
@@ -319,7 +319,7 @@ class EngineWorker:
         self._live.pop(request.id, None)
         return self._close(ticket, Finished(reason, request.prompt_len, len(request.tokens), request.text, error), push=push)
 
-    def _close(self, ticket: Ticket, event: E, *, push: bool = True) -> E:
+    def _close(self, ticket: Ticket, event: _LastEvent, *, push: bool = True) -> _LastEvent:
         """The request is over: one fewer open; ``event`` (its last) handed over now, or by the caller
         (``push=False``) -> ``event``."""
         with self._lock:
