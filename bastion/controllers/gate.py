@@ -45,8 +45,8 @@ drafting sometimes pays, each request gets its own first look; under one where p
 change after such a stretch, though (math prompts after chat ones), and the carried countdown, grown
 over the failed probes, would then keep the new requests plain for hundreds of steps: so every
 second request that starts switched off without that first look still gets it, the gap doubling (to
-4 requests) while these looks do not pay and returning to 2 when one does. A drafter that never pays
-then costs one look in up to 4 requests.
+16 requests) while these looks do not pay and returning to 2 when one does. A drafter that never pays
+then costs one look in up to 16 requests.
 
 The gate holds state across requests, per key (a sampling setting, and for batches its size): the
 countdown, the back-off, the share of probes that paid and the probe cost. :meth:`start` opens a
@@ -70,7 +70,7 @@ _PAID_WEIGHT = 0.25
 _EXCESS_SAMPLES = 2
 #: requests starting switched off (with too few paying probes for ``start_probe``) between two
 #: first-step looks: the first gap, and the largest the gap doubles to after looks that did not pay
-_LOOK_GAP, _LOOK_GAP_MAX = 2, 4
+_LOOK_GAP, _LOOK_GAP_MAX = 2, 16
 
 
 class SpeculationGate:
@@ -181,7 +181,7 @@ class SpeculationGate:
                 return
             # probes rarely paid lately; the workload may have changed since (code after chat): every
             # gap-th such request still looks on its first step, the gap doubling (to a bound) while
-            # the looks do not pay, so a drafter that never pays costs one look in up to 4 requests
+            # the looks do not pay, so a drafter that never pays costs one look in up to 16 requests
             unlooked = self._unlooked.get(key, 0) + 1
             if unlooked >= self._look_gap.get(key, _LOOK_GAP):
                 self._unlooked[key] = 0
