@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from bastion.controllers import ModelCost, RooflineLatency, RooflineParams
@@ -104,3 +106,25 @@ def test_repeated_predictions_follow_refits_contexts_and_sizes_exactly():
         model.observe(int(rng.integers(1, 65)), c, float(stepped_truth(np.array([16]), np.array([c]))[0]))
     # the refits (every few observations) changed the answer for the same sizes and context
     assert len({tuple(np.round(s, 15)) for s in seen}) > 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 9000), c=st.integers(0, 2**21))
+def test_the_scalar_factor_equals_the_array_factor_for_any_size_and_context(n, c):
+    model = make_model()
+    feed(model, np.random.default_rng(3), 120)
+    table = model.residual
+    assert table.n_points > 0  # a fitted table, not the all-zero one
+    assert table.factor_one(float(n), c) == pytest.approx(float(table.factor(np.array([float(n)]), c)[0]), rel=1e-12)
+
+
+def test_a_recorded_batched_timing_has_the_ideal_times_of_the_array_path():
+    model = make_model()
+    feed(model, np.random.default_rng(4), 40)
+    for width, ctxs in ((1, [7]), (5, [100, 30, 64]), (33, [2000, 1])):
+        before = model._count
+        model.observe_batch(width, ctxs, 0.01)
+        i = before % model._t.size
+        x_c, x_m = model.ideal_batch_times(np.array([float(width)]), ctxs)
+        assert model._x_c[i] == pytest.approx(float(x_c[0]), rel=1e-12) and model._x_m[i] == pytest.approx(float(x_m[0]), rel=1e-12)
+        assert model._n[i] == width * len(ctxs) and model._c[i] == max(ctxs)

@@ -110,6 +110,13 @@ class ResidualTable:
         """``exp(r(n, c))``: the multiplier to apply to roofline seconds."""
         return np.exp(self.log_correction(n, c))
 
+    def factor_one(self, n: float, c: int) -> float:
+        """:meth:`factor` of one size and one context, in scalar arithmetic (the latency model reads it
+        for every timing it records, where each NumPy call costs more than the lookup)."""
+        x = math.log2(n if n > 1.0 else 1.0) * _N_BINS_PER_OCTAVE
+        i = min(int(math.floor(x + 1e-9)), _N_BINS - 1)
+        return math.exp(float(self._table[i, self.context_bin(c)]))
+
     # ------------------------------------------------------------------ portable JSON
     def to_dict(self) -> dict[str, Any]:
         """Only the non-zero cells, as ``[n_bin, c_bin, log_correction]`` triples."""

@@ -234,8 +234,11 @@ class RooflineLatency(LatencyModel):
         Weights are read once per forward; tokens, KV reads and attention grow with ``B x W``. For one
         row this is :meth:`ideal_times`."""
         self._require_bound()
-        w = np.asarray(widths, dtype=np.float64)
-        b, s = float(len(context_lens)), float(max(context_lens))
+        return self._batch_ideal(np.asarray(widths, dtype=np.float64), float(len(context_lens)), float(max(context_lens)))
+
+    def _batch_ideal(self, w: Any, b: float, s: float) -> tuple[Any, Any]:
+        """:meth:`ideal_batch_times` for widths ``w`` (an array [N], or one float), ``b`` rows and a
+        padded cache of ``s`` slots."""
         m = s + w  # keys every slot attends over (padded)
         f_n, f_nm = self._coef_c
         g0, g_n, g_m, g_nm = self._coef_m
@@ -256,7 +259,9 @@ class RooflineLatency(LatencyModel):
     def observe_batch(self, width: int, context_lens: Sequence[int], seconds: float) -> None:
         if not _usable(seconds):
             return
-        x_c, x_m = self.ideal_batch_times(np.float64(width), context_lens)
+        self._require_bound()
+        # one width in floats, not arrays: every step records one timing
+        x_c, x_m = self._batch_ideal(float(width), float(len(context_lens)), float(max(context_lens)))
         self._record(float(x_c), float(x_m), float(seconds), width * len(context_lens), max(context_lens))
 
     def predict(self, n_tokens: int, context_len: int) -> float:
@@ -296,7 +301,7 @@ class RooflineLatency(LatencyModel):
         p = self.params
         seconds = max(p.a_c * x_c + p.b_c, p.a_m * x_m + p.b_m)
         if self.use_residual:
-            seconds *= float(self.residual.factor(np.array([float(n_tokens)]), context_len)[0])
+            seconds *= self.residual.factor_one(float(n_tokens), context_len)
         return seconds
 
     def _record(self, x_c: float, x_m: float, seconds: float, n_tokens: int, context_len: int) -> None:
