@@ -225,6 +225,9 @@ def test_legacy_and_new_rope_keys_parse_to_the_same_config() -> None:
         ({"dflash_config": {"target_layer_ids": [0]}}, "mask_token_id"),
         ({"block_size": None}, "block_size"),
         ({"use_sliding_window": True}, "sliding"),
+        ({"rms_norm_eps": -1}, "rms_norm_eps"),
+        ({"rms_norm_eps": 0}, "rms_norm_eps"),
+        ({"rope_theta": -5.0}, "rope_theta"),
     ],
 )
 def test_invalid_configs_are_rejected_with_the_offending_field(change: dict, message: str) -> None:

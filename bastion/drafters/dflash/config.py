@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -128,6 +130,12 @@ class DFlashConfig:
             raise InvalidInputError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(_ACTIVATIONS)}")
         if "rope_theta" not in self.rope_parameters:
             raise InvalidInputError("rope_parameters needs a rope_theta")
+        # a norm's epsilon <= 0 (or NaN) turns a zero row into NaN drafts far from the config that caused them
+        if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0):
+            raise InvalidInputError(f"rms_norm_eps must be a finite number > 0, got {self.rms_norm_eps!r}")
+        theta = self.rope_parameters["rope_theta"]
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (math.isfinite(theta) and theta > 0):
+            raise InvalidInputError(f"rope_theta must be a finite number > 0, got {theta!r}")
 
     # ---------------------------------------------------------------- derived
     @property
