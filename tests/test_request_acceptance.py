@@ -149,3 +149,21 @@ def test_steps_that_expect_nothing_age_the_evidence_so_a_low_factor_looks_again(
         factor.observe(0.0, 0.0)
         seen.append(factor.factor)
     assert seen == sorted(seen) and seen[-1] > 0.75
+
+
+def test_a_probe_whose_verified_tree_paid_resumes_speculation_though_calibration_predicted_it_would_not():
+    lat = _latency()
+    controller = BastionController()
+    rng = random.Random(7)
+    _request(controller, lat, 0.02, 80, rng)  # calibration learns that these scores are rarely accepted
+    gate = controller.gate
+    assert not gate.speculating
+    while not controller.speculate():
+        controller.observe(StepFeedback(drafted=False, log_scores=torch.zeros(1), accepted_nodes=torch.zeros(1, dtype=torch.long),
+                                        context_len=100, verify_s=_base(1), overhead_s=0.0003))
+    decision = controller.decide(_SCORES, 100, lat, 0.001)
+    assert decision.gain <= gate.margin and decision.n >= 4  # predicted not to pay
+    path = list(range(decision.n))  # but every verified node was accepted: a new text the drafter knows
+    controller.observe(StepFeedback(drafted=True, log_scores=_SCORES[: decision.n], accepted_nodes=torch.tensor(path),
+                                    context_len=100, verify_s=_base(decision.n), overhead_s=0.001))
+    assert gate.speculating and controller.speculate()

@@ -80,6 +80,10 @@ _REALISM_BOUNDS = (0.05, 1.5)
 _REALISM_MIN_STEPS = 2
 
 #: while a batch's gate waits out a back-off, the plain steps from one prediction of the gain to the next
+#: drafted tokens a probe must have had accepted before its realized gain can overrule the predicted one
+#: (one accepted token is a lucky draw as often as evidence: at a per-node rate of 0.2 it comes one probe in five)
+_REALIZED_MIN_ACCEPTED = 2
+
 _RECHECK_EVERY = 4
 #: how far above the last probe's measured gain a prediction must rise to probe before the back-off ends
 _RECHECK_RISE = 1.1
@@ -307,6 +311,10 @@ class BastionController(BudgetController):
         expected, self._expected_extra = self._expected_extra, None
         if self.request_accept is not None and expected is not None and outcome.batch_size == 1:
             self.request_accept.observe(expected, outcome.accepted)
+        if self.gate is not None and self.plain_step_s and outcome.batch_size == 1 and measured > 0 and outcome.accepted >= _REALIZED_MIN_ACCEPTED:
+            # a probe predicted not to pay whose tree paid after all: speculation resumes (the gate ignores
+            # this after any other step); committed tokens per second over a plain step's
+            self.gate.observe_realized((outcome.accepted + 1) * self.plain_step_s / measured)
         if self.gate is not None and self.plain_step_s and outcome.batch_size == 1 and calm:
             # a probe that did not pay: its seconds beyond the plain steps it replaced set the gate's cap
             self.gate.observe_probe_cost(measured / self.plain_step_s - (outcome.accepted + 1))

@@ -155,6 +155,8 @@ class SpeculationGate:
         self._unlooked: dict[object, int] = {}
         self._look_gap: dict[object, int] = {}
         self._look_pending = False  # this request's first step is such a look: its outcome sets the gap
+        self._last_look = False  # the last update was such a look (a realized gain may still correct it)
+        self._realized_due = False  # the last update was a probe predicted not to pay: its realized gain is due
         self._key: object = None
         self.reset()
 
@@ -178,6 +180,7 @@ class SpeculationGate:
                 return
             if paid is not None and paid >= self.start_probe:
                 self.wait = 0  # a new text under a setting where probes often pay: look at it first
+                self._first_look = True
                 return
             # probes rarely paid lately; the workload may have changed since (code after chat): every
             # gap-th such request still looks on its first step, the gap doubling (to a bound) while
@@ -186,7 +189,7 @@ class SpeculationGate:
             if unlooked >= self._look_gap.get(key, _LOOK_GAP):
                 self._unlooked[key] = 0
                 self.wait = 0
-                self._look_pending = True
+                self._look_pending = self._first_look = True
             else:
                 self._unlooked[key] = unlooked
 
@@ -200,7 +203,10 @@ class SpeculationGate:
         self.probes = 0  # speculative steps taken while switched off (the first step counts)
         self.plain_steps = 0
         self._cost_due = False
+        self._realized_due = False
         self._look_pending = False
+        self._first_look = False  # this request's first step is a look (either rule above)
+        self._retry_look = False  # the next probe is the second look of a request whose first one failed
 
     def should_draft(self) -> bool:
         """Whether this step drafts; call exactly once per step (it counts the plain steps)."""
@@ -216,7 +222,10 @@ class SpeculationGate:
     def update(self, gain: float) -> None:
         """Report the gain of the speculative step just decided (see the module doc)."""
         gain = float(gain) if math.isfinite(gain) else 0.0
-        self._cost_due = False
+        self._cost_due = self._realized_due = False
+        first_look, retry = self._first_look, self._retry_look
+        self._first_look = self._retry_look = False
+        self._last_look = self._look_pending or retry
         if self._probing:
             self.probes += 1
             self.gain = gain
@@ -234,6 +243,14 @@ class SpeculationGate:
         if pays:
             self.speculating = True
             self.backoff = self.min_backoff
+            if retry:
+                self._look_gap[self._key] = _LOOK_GAP
+        elif self._probing and not self.speculating and first_look:
+            # a request's first draft is its least informed (the drafter has seen the prompt alone): a
+            # failed first-step look gets one more look min_backoff steps in, the back-off unchanged
+            self.wait = self.min_backoff
+            self._retry_look = True
+            self._cost_due = self._realized_due = True
         elif self._probing and not self.speculating:  # a probe that did not pay: wait longer next time
             cap = self.cap
             self.backoff = min(cap, max(self.backoff + 1, int(math.ceil(self.backoff * self.growth))))
@@ -243,11 +260,33 @@ class SpeculationGate:
             known = self._excess_n.get(self._key, 0) >= _EXCESS_SAMPLES
             scale = 1.0 if self.probe_share is None or self.probe_excess is None or not known else max(1.0, self.probe_excess)
             self.wait = min(cap, int(math.ceil(self.backoff * scale)))
-            self._cost_due = True
+            self._cost_due = self._realized_due = True
         else:  # speculation stopped paying: plain decoding until the first probe
             self.speculating = False
             self.wait = self.backoff
         self._probing = False
+
+    def observe_realized(self, gain: float) -> None:
+        """Report the realized gain of the probe just verified (its committed tokens per second over a
+        plain step's). The gate decides on predicted gains, and a prediction learnt on other texts can
+        be wrong about this one: calibration that has just seen poor requests prices a new request's
+        confident drafts low, so its probes are predicted not to pay and, verifying small trees, never
+        show otherwise. A probe predicted not to pay whose verified tree nevertheless paid (``gain`` >
+        ``margin``) is evidence that drafting pays here: speculation resumes and the back-off returns to
+        ``min_backoff``, as after a probe predicted to pay. Only the report right after such a probe
+        counts; any other is ignored."""
+        if not self._realized_due:
+            return
+        self._realized_due = False
+        if not (math.isfinite(gain) and gain > self.margin):
+            return
+        self._cost_due = False  # it paid: no excess to count
+        self.speculating, self.backoff, self.wait, self.gain = True, self.min_backoff, 0, float(gain)
+        last = self._paid.get(self._key)
+        if last is not None:  # the probe counted as not paid: count it as paid
+            self._paid[self._key] = min(1.0, last + _PAID_WEIGHT)
+        if self._last_look:
+            self._look_gap[self._key] = _LOOK_GAP
 
     @property
     def probe_excess(self) -> float | None:
