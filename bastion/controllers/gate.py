@@ -46,7 +46,13 @@ change after such a stretch, though (math prompts after chat ones), and the carr
 over the failed probes, would then keep the new requests plain for hundreds of steps: so every
 second request that starts switched off without that first look still gets it, the gap doubling (to
 16 requests) while these looks do not pay and returning to 2 when one does. A drafter that never pays
-then costs one look in up to 16 requests.
+then costs one look in up to 16 requests. A first-step look (either rule) that does not pay gets one
+more look ``min_backoff`` steps in, the back-off unchanged: a request's first draft is its least
+informed (the drafter has seen the prompt alone), and one failure there is weak evidence about the rest.
+
+The gains the gate hears are predictions. After a probe predicted not to pay, the controller may
+report the probe's *realized* gain (:meth:`observe_realized`); when its verified tree paid after all
+(a calibration learnt on poor requests under-prices a new request's drafts), speculation resumes.
 
 The gate holds state across requests, per key (a sampling setting, and for batches its size): the
 countdown, the back-off, the share of probes that paid and the probe cost. :meth:`start` opens a
