@@ -394,3 +394,30 @@ def test_one_slow_batched_step_does_not_move_the_realized_gain():
             )
     assert c.realism(2) == pytest.approx(1.0)
     assert c.gate.speculating
+
+
+def test_a_batch_gain_is_predicted_from_what_decisions_on_recent_rows_realize_not_from_their_mean_curve():
+    """Measured in the batch sweep at 2 rows on the demo pair: after single-sequence traffic whose
+    drafts were sometimes confident (wide trees) and sometimes not (W = 1), the gain of the *mean*
+    acceptance curve came out 0.73-0.99, so the batch never drafted (its probes were skipped as
+    predicted not to pay) while every decision taken on real drafts gained 1.1-3.2 and fixed widths ran
+    1.04-1.10x plain decoding. A step decides on its own drafts: the mean of those best choices is what
+    drafting realizes, and it is above the best choice for the mean curve."""
+    lat = PlantedBatchLatency(base=1e-2, per_bw=2e-3)
+    costs = BatchStepCosts(overhead_s=1e-3, draft_s=1.6e-2, plain_s=1e-4)
+    confident = _row_scores([[0.01 * k for k in range(1, 12)]])[0]  # [12] log rho: a long chain accepted
+    poor = _row_scores([[3.0] * 11])[0]  # [12]: nothing past the root is likely
+    c = BastionController(calibration=False)
+    c.begin(SamplingConfig())
+    for scores in [confident] * 6 + [poor] * 10:  # one request's confident stretch, then a poor one
+        c.decide(scores, 10, lat, costs.overhead_s + costs.draft_s)
+    mean = c.row_curve
+    assert mean is not None
+    rate, _, t_verify, sizes = c._batch_rates(2 * mean, [10, 10], lat, costs.overhead_s, costs.draft_s)
+    plain = 2 / (t_verify[0] + costs.plain_s)
+    assert rate[sizes > 1].max() < plain  # the mean curve: no width pays at 2 rows
+    assert c._predicted_gain([10, 10], lat, costs) > 1.0  # the decisions on such rows pay on average
+    c.begin_batch(SamplingConfig(), 2)
+    assert c.speculate_batch([10, 10], lat, costs)  # so the batch's first step drafts
+    c.begin_batch(SamplingConfig(), 16)
+    assert not c.speculate_batch([10] * 16, lat, costs)  # at 16 rows no width pays on any of them: skipped
