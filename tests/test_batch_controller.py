@@ -421,3 +421,29 @@ def test_a_batch_gain_is_predicted_from_what_decisions_on_recent_rows_realize_no
     assert c.speculate_batch([10, 10], lat, costs)  # so the batch's first step drafts
     c.begin_batch(SamplingConfig(), 16)
     assert not c.speculate_batch([10] * 16, lat, costs)  # at 16 rows no width pays on any of them: skipped
+
+
+def test_a_backed_off_batch_far_from_paying_predicts_its_gain_less_often(monkeypatch):
+    """Each prediction costs about 0.3 ms inside the step loop on the demo pair (a tenth of a plain step
+    at 2 rows): measured in-process at 2 running requests, the re-checks every 4 plain steps were most
+    of what a drafting engine that never drafts cost beyond speculation off. A batch whose last
+    prediction was far below the margin now predicts again after 16 plain steps; one near it after 4."""
+    far = _backed_off(8, 0.0)  # at 8 rows W = 1 wins, and drafting costs a plain step: far below the margin
+    dear = BatchStepCosts(overhead_s=_COSTS.overhead_s, draft_s=1e-2, plain_s=_COSTS.plain_s)
+    near = _backed_off(2, 0.0)
+    assert far._predicted_gain([10] * 8, _SmallBatchesPay(), dear) < 0.8 * far.gate.margin
+    near.gate.gain = near._predicted_gain([10] * 2, _SmallBatchesPay(), _COSTS)  # probed at this very prediction
+    assert near.gate.gain > 0.8 * near.gate.margin
+    calls: list[int] = []
+    original = BastionController._predicted_gain
+
+    def counted(self: BastionController, *args: object) -> float | None:
+        calls.append(id(self))
+        return original(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BastionController, "_predicted_gain", counted)
+    for _ in range(64):
+        assert not far.speculate_batch([10] * 8, _SmallBatchesPay(), dear)
+        assert not near.speculate_batch([10] * 2, _SmallBatchesPay(), _COSTS)
+    assert calls.count(id(far)) == 64 // 16
+    assert calls.count(id(near)) == 64 // 4

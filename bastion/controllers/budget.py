@@ -87,6 +87,10 @@ _REALISM_MIN_STEPS = 2
 _REALIZED_MIN_ACCEPTED = 2
 
 _RECHECK_EVERY = 4
+#: ... and when the last prediction was below this share of the margin, the plain steps to the next one:
+#: a batch far from paying waits longer between predictions (each costs about 0.3 ms inside a step's loop
+#: on the demo pair, a tenth of a plain step at 2 rows, where a microbenchmark says 0.05)
+_RECHECK_NEAR, _RECHECK_FAR = 0.8, 16
 #: how far above the last probe's measured gain a prediction must rise to probe before the back-off ends
 _RECHECK_RISE = 1.1
 
@@ -146,6 +150,9 @@ class BastionController(BudgetController):
         #: batches: the calibrated acceptance curves of the most recent rows drafted (each [n_i], entry
         #: W - 1: the row's tokens at width W), newest last; a plain step's probe decision predicts from them
         self._row_curves: deque[np.ndarray] = deque(maxlen=_ROW_WINDOW)
+        self._rows_seen = 0  # rows ever added to the window (its version, for the cache below)
+        #: (rows seen, batch size) -> the window's batch totals [G, n] (:meth:`_predicted_gain`)
+        self._totals: tuple[tuple[int, int], np.ndarray] | None = None
         self._batch_plain_s: float | None = None  # this batched step's plain-step seconds (speculate_batch)
         self._probe_rows: int | None = None  # rows of the batch's last speculative step
         #: the gain predicted when the batch's last probe started (None: not predicted), and the newest
@@ -232,7 +239,8 @@ class BastionController(BudgetController):
         - when rows have left the batch since its last speculative step and speculating is now
           predicted to pay, the step probes at once instead of waiting out the back-off;
         - while waiting out a back-off the gain is predicted again :data:`_RECHECK_EVERY` plain steps
-          after the last prediction: when it is above the margin and :data:`_RECHECK_RISE` times both the gain the last
+          after the last prediction (:data:`_RECHECK_FAR` when that one was below
+          :data:`_RECHECK_NEAR` times the margin): when it is above the margin and :data:`_RECHECK_RISE` times both the gain the last
           probe measured and the gain predicted when that probe started (the costs or the acceptance
           curve moved since: a drafting cost first measured cold, a batch whose rows changed), the
           step probes at once. A back-off of 256 steps then no longer outlasts the conditions that set
@@ -257,7 +265,8 @@ class BastionController(BudgetController):
             return self._probe_starts(gate.should_draft())
         self._last_predicted = gain
         if waiting:
-            self._recheck_at = gate.plain_steps + _RECHECK_EVERY
+            near = gain > _RECHECK_NEAR * gate.margin
+            self._recheck_at = gate.plain_steps + (_RECHECK_EVERY if near else _RECHECK_FAR)
             last = max(gate.gain if gate.gain is not None else 0.0, self._probe_predicted or 0.0)
             if gain > gate.margin and (shrunk or gain > last * _RECHECK_RISE):
                 gate.wait = 0  # probe now: should_draft() below starts it
@@ -288,20 +297,11 @@ class BastionController(BudgetController):
         mean curve (at 2 rows on the demo pair the mean curve predicted 0.73-0.99 while every decision on
         real drafts gained 1.1-3.2: the batch stayed plain where fixed widths ran 1.04-1.10x). With
         ``B`` at least the window's rows the batches are all one, the window's sum scaled to ``B``."""
-        window = self._row_curves
-        if not window or max(c.shape[0] for c in window) < 2:
+        totals = self._window_totals(len(context_lens))  # [G, n]
+        if totals is None:
             return None
         rows = len(context_lens)
-        n = max(c.shape[0] for c in window)
-        curves = np.stack([_extend_flat(c, n) for c in window])  # [K, n]
-        k = curves.shape[0]
-        if rows >= k:
-            totals = curves.sum(axis=0, keepdims=True) * (rows / k)  # [1, n]
-        else:
-            totals = curves.copy()
-            for shift in range(1, rows):
-                totals += np.roll(curves, -shift, axis=0)  # [K, n]: rows g .. g + B - 1 (wrapping)
-        sizes, sizes_t, _ = self._sizes(n)  # [N + 1], sizes[0] == 1
+        sizes, sizes_t, _ = self._sizes(totals.shape[1])  # [N + 1], sizes[0] == 1
         t_verify = predict_batch_checked(latency, sizes_t, context_lens).numpy()  # [N + 1] seconds
         overhead = _check_overhead(costs.overhead_s) + self.extra_overhead_s
         draft = _check_overhead(costs.draft_s)
@@ -311,6 +311,28 @@ class BastionController(BudgetController):
         realized = np.where(wide > rows / (overhead + t_verify[0]), wide, rows / (overhead + draft + t_verify[0]))  # [G]
         plain = rows / (t_verify[0] + costs.plain_s)
         return float(realized.mean() / plain) * self.realism(rows)
+
+    def _window_totals(self, rows: int) -> np.ndarray | None:
+        """The window's batches of ``rows`` rows: their summed acceptance curves [G, n] (None: no curve
+        of two nodes or more yet); kept until the window changes, so the re-checks of a backed-off
+        batch (the window does not move while it decodes plainly) do not rebuild them."""
+        window = self._row_curves
+        key = (self._rows_seen, rows)
+        if self._totals is not None and self._totals[0] == key:
+            return self._totals[1]
+        n = max((c.shape[0] for c in window), default=0)
+        if n < 2:
+            return None
+        curves = np.stack([_extend_flat(c, n) for c in window])  # [K, n]
+        k = curves.shape[0]
+        if rows >= k:
+            totals = curves.sum(axis=0, keepdims=True) * (rows / k)  # [1, n]
+        else:
+            totals = curves.copy()
+            for shift in range(1, rows):
+                totals += np.roll(curves, -shift, axis=0)  # [K, n]: rows g .. g + B - 1 (wrapping)
+        self._totals = (key, totals)
+        return totals
 
     def _batch_rates(
         self, total: np.ndarray, context_lens: Sequence[int], latency: LatencyModel, overhead_s: float, draft_s: float
@@ -481,6 +503,7 @@ class BastionController(BudgetController):
         # a single sequence's acceptance curve teaches the one batched steps predict from: a batch's
         # first step after single-request traffic is then decided on it, not probed blind
         self._row_curves.append(np.cumsum(np.asarray(rates, dtype=np.float64)))
+        self._rows_seen += 1
         # against a plain step (no draft); drafting then verifying the root alone never beats it
         plain = t_verify[0] / (t_verify[0] + self.plain_overhead_s)
         gain = speedup / plain if n > 1 else 0.0
@@ -540,6 +563,7 @@ class BastionController(BudgetController):
         row_rates = [self.accept_rates(r) for r in rows]  # each [n_i], calibrated
         cal = batch_accept_curve(row_rates)  # [n_top] the same, calibrated
         self._row_curves.extend(np.cumsum(r) for r in row_rates)
+        self._rows_seen += len(row_rates)
         self._probe_rows = len(rows)
         rate, cost, t_verify, sizes = self._batch_rates(cal, context_lens, latency, overhead_s, draft_s)  # each [N + 1]
         k = int(np.argmax(rate))
