@@ -447,3 +447,27 @@ def test_a_backed_off_batch_far_from_paying_predicts_its_gain_less_often(monkeyp
         assert not near.speculate_batch([10] * 2, _SmallBatchesPay(), _COSTS)
     assert calls.count(id(far)) == 64 // 16
     assert calls.count(id(near)) == 64 // 4
+
+
+def test_a_step_priced_before_any_cost_was_measured_does_not_teach_the_realized_gain():
+    """Traced in a server's first steps at 2 concurrent requests: the first two batched steps were
+    decided with no drafting or plain-step cost measured at that size (0 s: gains of 1.9 predicted),
+    realized a fraction of that, and set the realized / predicted gain at 2 rows to 0.15; every later
+    prediction was scaled by it and the batch drafted on 1% of its steps while fixed widths ran
+    1.03-1.15x plain decoding. Only a step whose prediction had measured costs teaches it."""
+    c = BastionController(calibration=False)
+    c.begin_batch(SamplingConfig(), 2)
+    lat = _SmallBatchesPay()
+    rows = _row_scores([[1.0] * 11] * 2)
+    unpriced = BatchStepCosts(overhead_s=0.0, draft_s=0.0, plain_s=0.0)
+    for _ in range(3):
+        c.speculate_batch([10] * 2, lat, unpriced)
+        d = c.decide_width(rows, [10] * 2, lat, unpriced.overhead_s, unpriced.draft_s)
+        for _ in range(2):  # each step ran at a fifth of its prediction
+            c.observe(
+                StepFeedback(
+                    drafted=True, log_scores=rows[0][: d.n], accepted_nodes=torch.tensor([0, 1, 2]), context_len=10,
+                    verify_s=1.0, overhead_s=0.0, batch_size=2,
+                )
+            )
+    assert c.realism(2) == 1.0

@@ -571,8 +571,12 @@ class BastionController(BudgetController):
         plain_s = self.plain_overhead_s if self._batch_plain_s is None else self._batch_plain_s
         plain = len(rows) / (t_verify[0] + plain_s)  # a plain batched step's tokens per second
         gain = float(rate[k] / plain) if width > 1 else 0.0
-        # this step's realized gain is compared with its prediction once every row is observed
-        self._pending_step = _PendingStep(len(rows), float(plain), gain) if width > 1 else None
+        # this step's realized gain is compared with its prediction once every row is observed, when the
+        # prediction had costs to go on: a batch size's first steps are priced with no drafting or plain
+        # step measured yet (0 s), and their realized / predicted gain (measured in a server's first steps
+        # at 2 rows: 0.15) would scale every later prediction at that size down until a capped probe
+        priced = draft_s > 0 and plain_s > 0
+        self._pending_step = _PendingStep(len(rows), float(plain), gain) if width > 1 and priced else None
         gain *= self.realism(len(rows))
         if self.gate is not None:
             self.gate.update(gain)
