@@ -81,11 +81,11 @@ _REALISM_BOUNDS = (0.05, 1.5)
 #: speculative steps a batch size needs before its realized / predicted gain corrects the predictions
 _REALISM_MIN_STEPS = 2
 
-#: while a batch's gate waits out a back-off, the plain steps from one prediction of the gain to the next
 #: drafted tokens a probe must have had accepted before its realized gain can overrule the predicted one
 #: (one accepted token is a lucky draw as often as evidence: at a per-node rate of 0.2 it comes one probe in five)
 _REALIZED_MIN_ACCEPTED = 2
 
+#: while a batch's gate waits out a back-off, the plain steps from one prediction of the gain to the next,
 _RECHECK_EVERY = 4
 #: ... and when the last prediction was below this share of the margin, the plain steps to the next one:
 #: a batch far from paying waits longer between predictions (each costs about 0.3 ms inside a step's loop
@@ -240,10 +240,10 @@ class BastionController(BudgetController):
           predicted to pay, the step probes at once instead of waiting out the back-off;
         - while waiting out a back-off the gain is predicted again :data:`_RECHECK_EVERY` plain steps
           after the last prediction (:data:`_RECHECK_FAR` when that one was below
-          :data:`_RECHECK_NEAR` times the margin): when it is above the margin and :data:`_RECHECK_RISE` times both the gain the last
-          probe measured and the gain predicted when that probe started (the costs or the acceptance
-          curve moved since: a drafting cost first measured cold, a batch whose rows changed), the
-          step probes at once. A back-off of 256 steps then no longer outlasts the conditions that set
+          :data:`_RECHECK_NEAR` times the margin): when it is above the margin and
+          :data:`_RECHECK_RISE` times both the gain the last probe measured and the gain predicted
+          when that probe started (the costs or the acceptance curve moved since: a drafting cost
+          first measured cold, a batch whose rows changed), the step probes at once. A back-off of 256 steps then no longer outlasts the conditions that set
           it, and a probe whose own trees did not pay is not repeated on the prediction it failed."""
         if len(context_lens) == 1:
             return self.speculate()  # a single sequence: the gate alone (its costs are learnt in observe)
