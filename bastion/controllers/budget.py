@@ -243,8 +243,9 @@ class BastionController(BudgetController):
           :data:`_RECHECK_NEAR` times the margin): when it is above the margin and
           :data:`_RECHECK_RISE` times both the gain the last probe measured and the gain predicted
           when that probe started (the costs or the acceptance curve moved since: a drafting cost
-          first measured cold, a batch whose rows changed), the step probes at once. A back-off of 256 steps then no longer outlasts the conditions that set
-          it, and a probe whose own trees did not pay is not repeated on the prediction it failed."""
+          first measured cold, a batch whose rows changed), the step probes at once. A back-off of
+          256 steps then no longer outlasts the conditions that set it, and a probe whose own trees
+          did not pay is not repeated on the prediction it failed."""
         if len(context_lens) == 1:
             return self.speculate()  # a single sequence: the gate alone (its costs are learnt in observe)
         self._batch_plain_s = costs.plain_s
@@ -301,14 +302,11 @@ class BastionController(BudgetController):
         if totals is None:
             return None
         rows = len(context_lens)
-        sizes, sizes_t, _ = self._sizes(totals.shape[1])  # [N + 1], sizes[0] == 1
-        t_verify = predict_batch_checked(latency, sizes_t, context_lens).numpy()  # [N + 1] seconds
-        overhead = _check_overhead(costs.overhead_s) + self.extra_overhead_s
-        draft = _check_overhead(costs.draft_s)
-        wide = (totals[:, sizes[1:] - 1] / (overhead + draft + t_verify[1:])).max(axis=1)  # [G] best W > 1, tokens/s
+        rate, cost, t_verify, _ = self._batch_rates(totals, context_lens, latency, costs.overhead_s, costs.draft_s)  # [G, N + 1]
+        wide = rate[:, 1:].max(axis=1)  # [G] the best allowed width's tokens per second
         # decide_width takes W = 1 when no wider tree beats a plain step (not counting the drafting, spent
         # by then): the step then commits one token per row after the drafting it wasted
-        realized = np.where(wide > rows / (overhead + t_verify[0]), wide, rows / (overhead + draft + t_verify[0]))  # [G]
+        realized = np.where(wide > rate[:, 0], wide, rows / (cost[0] + _check_overhead(costs.draft_s)))  # [G]
         plain = rows / (t_verify[0] + costs.plain_s)
         return float(realized.mean() / plain) * self.realism(rows)
 
@@ -338,14 +336,15 @@ class BastionController(BudgetController):
         self, total: np.ndarray, context_lens: Sequence[int], latency: LatencyModel, overhead_s: float, draft_s: float
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Predicted accepted tokens per second of the batch at each allowed width, from ``total``
-        [n_top] (entry W - 1: the batch's accepted tokens at width W) -> (rate, seconds per step,
-        T_verify, sizes), each [N + 1]; sizes[0] is W = 1 (no drafting cost)."""
+        [n_top] (entry W - 1: the batch's accepted tokens at width W), or [G, n_top] for G batches at
+        once -> (rate [N + 1] or [G, N + 1], seconds per step, T_verify, sizes, each [N + 1]);
+        sizes[0] is W = 1 (no drafting cost)."""
         overhead = _check_overhead(overhead_s) + self.extra_overhead_s
         draft = _check_overhead(draft_s)
-        sizes, sizes_t, _ = self._sizes(total.shape[0])  # [N + 1], sizes[0] == 1
+        sizes, sizes_t, _ = self._sizes(total.shape[-1])  # [N + 1], sizes[0] == 1
         t_verify = predict_batch_checked(latency, sizes_t, context_lens).numpy()  # [N + 1] seconds
         cost = overhead + t_verify + np.where(sizes > 1, draft, 0.0)  # [N + 1] seconds per step
-        return total[sizes - 1] / cost, cost, t_verify, sizes
+        return total[..., sizes - 1] / cost, cost, t_verify, sizes
 
     def observe(self, outcome: StepFeedback) -> None:
         """Learn the acceptance of the verified nodes (speculative steps) or the cost of a plain step."""
