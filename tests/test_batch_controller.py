@@ -471,3 +471,27 @@ def test_a_step_priced_before_any_cost_was_measured_does_not_teach_the_realized_
                 )
             )
     assert c.realism(2) == 1.0
+
+
+def test_a_row_joining_a_batch_backed_off_to_its_cap_does_not_draft_a_look_predicted_not_to_pay():
+    """Traced in one process at 8 running requests (32 prompts, 64 tokens): every join restarts the
+    batch under its key, and a join that gets the gate's first-step look (every second to sixteenth
+    join) drafted at the back-off's cap whatever the prediction said (0.28-0.53 of a plain step's
+    rate): the look chose W = 1, its retry four steps later did too, and the pair cost 33 + 15 ms of
+    drafting (the drafter catching up on a hundred plain steps) for nothing, 3% of a pass. The cap's
+    forced probe re-measures the acceptance on the countdown's schedule; a look outside it follows the
+    prediction."""
+    c = _backed_off(8, 0.0)
+    g = c.gate
+    g._paid[g._key] = 1.0  # the setting's probes paid lately: every join gets a first-step look
+    dear = BatchStepCosts(overhead_s=_COSTS.overhead_s, draft_s=1e-2, plain_s=_COSTS.plain_s)
+    assert c._predicted_gain([10] * 8, _SmallBatchesPay(), dear) < g.margin
+    for _ in range(40):  # rows join and leave: each join restarts the batch at 8 rows
+        c.begin_batch(SamplingConfig(), 8)
+        assert g.backoff == g.max_backoff
+        for _ in range(6):
+            assert not c.speculate_batch([10] * 8, _SmallBatchesPay(), dear)
+    # the countdown's own probe at the cap still drafts (the acceptance is re-measured now and then)
+    g.wait = 0
+    g._first_look = g._retry_look = False
+    assert c.speculate_batch([10] * 8, _SmallBatchesPay(), dear)

@@ -235,7 +235,9 @@ class BastionController(BudgetController):
 
         - a probe the gate schedules (or a batch's first step) that is predicted not to pay is skipped
           and counts as a probe that did not pay (the back-off grows), until the back-off reaches its
-          cap; from then on every probe drafts, so the acceptance is re-measured now and then;
+          cap; from then on every probe of the countdown drafts, so the acceptance is re-measured now
+          and then; a first-step look (:attr:`SpeculationGate.looking`: the batch restarted because a
+          row joined or left) predicted not to pay is skipped at the cap too;
         - when rows have left the batch since its last speculative step and speculating is now
           predicted to pay, the step probes at once instead of waiting out the back-off;
         - while waiting out a back-off the gain is predicted again :data:`_RECHECK_EVERY` plain steps
@@ -275,7 +277,9 @@ class BastionController(BudgetController):
                 self._probe_rows = rows  # predicted for this size: ask again only when it shrinks further
         if not gate.should_draft():
             return False
-        if gain > gate.margin or gate.backoff >= gate.max_backoff:
+        # at the back-off's cap the countdown's probes draft whatever the prediction (the acceptance is
+        # re-measured now and then); a look outside the countdown (a row joined) follows the prediction
+        if gain > gate.margin or (gate.backoff >= gate.max_backoff and not gate.looking):
             return self._probe_starts(True)
         gate.update(gain)  # a probe predicted not to pay: skipped, counted as one that did not pay
         return False

@@ -295,6 +295,12 @@ class SpeculationGate:
             self._look_gap[self._key] = _LOOK_GAP
 
     @property
+    def looking(self) -> bool:
+        """Whether the next probe is a request's first-step look or its retry (scheduled by
+        :meth:`start`, outside the back-off's countdown), not the countdown's own probe."""
+        return self._first_look or self._retry_look
+
+    @property
     def probe_excess(self) -> float | None:
         """The current sampling setting's running mean excess of a failed probe, in plain steps (None
         until the controller reports one)."""
