@@ -288,3 +288,27 @@ def test_a_prompt_one_position_short_of_the_limit_decodes_as_generate_does():
     batch = pipe.generate_batch([[7, 8, 9], prompt], 8, stop_on_eos=False)
     alone = pipe.generate(torch.tensor([prompt]), 8, stop_on_eos=False)
     assert batch[1].tokens == alone.tokens and batch[1].stop_reason == alone.stop_reason == "position-limit"
+
+
+def test_on_admitted_gets_the_newcomers_first_tokens_before_the_step_decodes_and_the_step_returns_the_rest():
+    pipe = _pipe()
+    prompts = _prompts(3, seed=5)
+    plain_engine, early_engine = Engine(pipe), Engine(pipe)
+    plain_reqs = [plain_engine.add(p, _cfg()) for p in prompts]
+    early_reqs = [early_engine.add(p, _cfg()) for p in prompts]
+    plain_updates = plain_engine.step()
+    handed: list = []
+    steps_when_handed: list[int] = []
+
+    def on_admitted(updates):
+        handed.extend(updates)
+        steps_when_handed.append(sum(len(r.steps) for r in early_reqs))  # no decode step recorded yet
+
+    returned = early_engine.step(on_admitted=on_admitted)
+    assert steps_when_handed == [0] and sum(len(r.steps) for r in early_reqs) == 3
+    assert [len(u.tokens) for u in handed] == [1, 1, 1]  # each newcomer's prefill token, alone
+    key = lambda u: (prompts.index(u.request.prompt.tolist()), u.tokens, u.finished)  # noqa: E731
+    assert sorted(map(key, handed + returned)) == sorted(map(key, plain_updates))
+    assert not set(map(id, handed)) & set(map(id, returned))
+    plain_engine.run(), early_engine.run()
+    assert [r.tokens for r in early_reqs] == [r.tokens for r in plain_reqs] == [_solo(pipe, p, max_new_tokens=NEW, stop_on_eos=False) for p in prompts]

@@ -159,17 +159,25 @@ class Engine:
             self.step()
 
     # ---------------------------------------------------------------- the step
-    def step(self) -> list[StepUpdate]:
+    def step(self, on_admitted: Callable[[list[StepUpdate]], Any] | None = None) -> list[StepUpdate]:
         """Admit waiting requests, then decode one step for every running row -> one update per
         request that committed tokens, finished or failed. A component that raises fails the requests
         of that step (``stop_reason`` ``"error"``, the error names the component) and the engine goes on
-        with the next requests."""
+        with the next requests.
+
+        ``on_admitted``: called, before the step decodes, with the updates admission produced (each
+        newcomer's first token, drawn from its prefill, and the rows that left); those updates are then
+        not in the returned list. A server hands newcomers their first token this way instead of one
+        decode step later."""
         updates: list[StepUpdate] = []
         t0 = time.perf_counter()
         self._leave(updates)
         admitted = self._admit(updates)
         if admitted:
             self._leave(updates)  # a newcomer whose first token ended it (EOS, max_new_tokens 1) leaves now
+            if on_admitted is not None and self._rows:
+                on_admitted(updates)
+                updates = []
         if not self._rows:
             self.last_step = None
             return updates

@@ -284,13 +284,20 @@ class EngineWorker:
     def _step(self) -> None:
         engine = self._engine
         try:
-            updates = engine.step()
+            # the newcomers' first tokens (from their prefill) go out before the step decodes
+            updates = engine.step(on_admitted=self._hand_over)
         except Exception as exc:  # noqa: BLE001 - the engine itself broke: fail its requests, start a fresh one
             log.exception("engine step failed")
             self._fail_all(as_api_error(exc))
             self._engine = self._new_engine()
             return
-        out: list[tuple[Ticket, Event]] = []  # this step's events, handed over together
+        self._hand_over(updates)
+        if engine.last_step is not None:
+            self.metrics.observe_step(engine.last_step)
+
+    def _hand_over(self, updates: list[Any]) -> None:
+        """Each update's events to its request's stream, all in one wake-up of the front end's loop."""
+        out: list[tuple[Ticket, Event]] = []  # these updates' events, handed over together
         for update in updates:
             ticket = self._live.get(update.request.id)
             if ticket is None:
@@ -305,8 +312,6 @@ class EngineWorker:
             if update.finished:
                 out.append((ticket, self._finish(ticket, update.request, push=False)))
         push_all(out)
-        if engine.last_step is not None:
-            self.metrics.observe_step(engine.last_step)
 
     def _finish(self, ticket: Ticket, request: Any, *, push: bool = True) -> Finished:
         reason = str(request.stop_reason)
