@@ -9,8 +9,9 @@ the next step. Then it runs one :meth:`Engine.step` and forwards each request's 
 running or waiting it blocks on its inbox (no busy loop).
 
 Events a :class:`Ticket` receives, in order: :class:`Accepted` or :class:`Rejected` (then nothing
-else); then :class:`Delta` per step that committed tokens (unless submitted with ``deltas=False``);
-then one :class:`Finished`.
+else); then :class:`Delta` per step that committed tokens (unless submitted with ``deltas=False``),
+the first one (the token drawn from the prefill) handed over before the step that admitted the request
+decodes; then one :class:`Finished`.
 """
 
 from __future__ import annotations
