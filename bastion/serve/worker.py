@@ -25,7 +25,7 @@ from typing import Any, Callable, TypeVar
 import attrs
 import torch
 
-from bastion.engine import Engine
+from bastion.engine import Engine, StepUpdate
 from bastion.serve.errors import APIError, UnavailableError, as_api_error
 from bastion.serve.metrics import ServeMetrics
 from bastion.serve.prepare import Prepared
@@ -296,7 +296,7 @@ class EngineWorker:
         if engine.last_step is not None:
             self.metrics.observe_step(engine.last_step)
 
-    def _hand_over(self, updates: list[Any]) -> None:
+    def _hand_over(self, updates: list[StepUpdate]) -> None:
         """Each update's events to its request's stream, all in one wake-up of the front end's loop."""
         out: list[tuple[Ticket, Event]] = []  # these updates' events, handed over together
         for update in updates:
