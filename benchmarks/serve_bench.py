@@ -20,7 +20,14 @@ Servers (``--servers``, comma-separated; each started on a free loopback port an
 ``--server-args`` go to every ``bastion serve`` (e.g. ``--target DIR --drafter DIR --device cuda``);
 without them the demo pair is served. ``--offline`` adds the same prompts decoded in this process
 without a server (``Pipeline.generate`` at concurrency 1, ``generate_batch`` over C prompts at a time),
-the reference for the server's overhead. Greedy decoding throughout. Writes ``serve_bench.json`` and
+the reference for the server's overhead. Greedy decoding throughout.
+
+With ``--repeats R`` every server runs R rounds, the servers taking turns at each concurrency within a
+round. The table keeps each server's fastest round; the **paired ratios** (``--reference``, default
+``bastion``, over every other server and over the best of them) are taken within each round, where the
+servers ran minutes apart at most, and reported as the median over rounds with the smallest and largest
+round: on a shared machine whose speed drifts by tens of percent between runs, these are the figures to
+compare. Writes ``serve_bench.json`` (every round's points and the paired ratios) and
 ``serve_bench.png`` (throughput and p50 inter-token latency against concurrency) under ``--out``::
 
     python benchmarks/serve_bench.py --servers bastion,plain,fixed:4,fixed:16,transformers --prompts 32 \\
@@ -344,15 +351,74 @@ def table(points: list[Point]) -> str:
     return "\n".join(lines)
 
 
+def fastest(rounds: list[list[Point]]) -> list[Point]:
+    """The fastest round's point of each (server, concurrency), in first-seen order."""
+    best: dict[tuple[str, int], Point] = {}
+    for points in rounds:
+        for point in points:
+            kept = best.get((point.server, point.concurrency))
+            if kept is None or point.tokens_per_s > kept.tokens_per_s:
+                best[(point.server, point.concurrency)] = point
+    return list(best.values())
+
+
+@attrs.frozen
+class PairedRatio:
+    """``reference`` over a comparison at one concurrency, taken within each round (the servers ran one
+    after the other there, so the machine's drift between rounds cancels): the median over rounds and
+    the smallest and largest round."""
+
+    concurrency: int
+    against: str
+    median: float
+    low: float
+    high: float
+    rounds: int
+
+
+def paired_ratios(rounds: list[list[Point]], reference: str, against: list[str]) -> list[PairedRatio]:
+    """Per concurrency: ``reference`` / each server of ``against`` and / the best of them (``"best"``:
+    the fastest of ``against`` in that same round), each a ratio per round -> median, low, high.
+    A round missing the reference or every comparison at a concurrency is skipped there."""
+    per: dict[tuple[int, str], list[float]] = {}
+    for points in rounds:
+        by = {(p.server, p.concurrency): p.tokens_per_s for p in points}
+        for c in dict.fromkeys(p.concurrency for p in points):
+            mine = by.get((reference, c))
+            others = {name: by[(name, c)] for name in against if by.get((name, c), 0.0) > 0}
+            if not mine or not others:
+                continue
+            for name, rate in others.items():
+                per.setdefault((c, name), []).append(mine / rate)
+            if len(against) > 1:
+                per.setdefault((c, "best"), []).append(mine / max(others.values()))
+    return [
+        PairedRatio(c, name, statistics.median(values), min(values), max(values), len(values))
+        for (c, name), values in sorted(per.items(), key=lambda kv: (kv[0][0], kv[0][1] != "best", (against + ["best"]).index(kv[0][1])))
+    ]
+
+
+def ratio_table(ratios: list[PairedRatio], reference: str) -> str:
+    """A Markdown table of paired ratios: one row per concurrency, one column per comparison."""
+    names = list(dict.fromkeys(r.against for r in ratios))
+    head = [f"{reference} / {'best of {' + ', '.join(n for n in names if n != 'best') + '}' if n == 'best' else n}" for n in names]
+    lines = ["| C | " + " | ".join(head) + " |", "|---:|" + "---|" * len(names)]
+    for c in dict.fromkeys(r.concurrency for r in ratios):
+        cells = {r.against: r for r in ratios if r.concurrency == c}
+        row = [f"{cells[n].median:.2f} ({cells[n].low:.2f}-{cells[n].high:.2f})" if n in cells else "-" for n in names]
+        lines.append(f"| {c} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def serve_points(
     specs: list[str], server_args: list[str], env: dict[str, str], requests: list[Request], concurrencies: list[int],
     max_tokens: int, repeats: int,
-) -> list[Point]:
+) -> list[list[Point]]:
     """Every server up at once (idle ones cost nothing), then ``repeats`` rounds in which, at each
     concurrency, the servers take turns: a burst of foreign load on a shared machine falls on one round
     of every server alike rather than on one server's whole run. Who goes first rotates with the round
     and the concurrency, so no server always runs right after the same one (or first at every level).
-    The fastest round of each is kept."""
+    -> each round's points (see :func:`fastest` and :func:`paired_ratios`)."""
     servers: list[Server] = []
     try:
         for spec in specs:
@@ -360,18 +426,18 @@ def serve_points(
             if server is not None:
                 servers.append(server)
                 asyncio.run(drive(server, requests[: max(2, min(4, len(requests)))], 2, 8))  # warm-up, not recorded
-        best: dict[tuple[str, int], Point] = {}
+        rounds: list[list[Point]] = []
         for r in range(repeats):
+            points: list[Point] = []
             for k, c in enumerate(concurrencies):
                 shift = (r + k) % len(servers) if servers else 0
                 for server in servers[shift:] + servers[:shift]:
                     point = asyncio.run(drive(server, requests, c, max_tokens))
                     print(f"  {server.label} c={c}: {point.tokens_per_s:.1f} tok/s  ttft p50 {point.ttft_p50 or 0:.3f} s  "
                           f"itl p50 {(point.itl_p50 or 0) * 1e3:.1f} ms", file=sys.stderr)
-                    kept = best.get((server.label, c))
-                    if kept is None or point.tokens_per_s > kept.tokens_per_s:
-                        best[(server.label, c)] = point
-        return [best[(server.label, c)] for server in servers for c in concurrencies]
+                    points.append(point)
+            rounds.append(points)
+        return rounds
     finally:
         for server in servers:
             server.stop()
@@ -390,7 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the servers (default: inherited)")
     ap.add_argument("--offline", action="store_true", help="also decode the prompts in this process, without a server")
     ap.add_argument("--repeats", type=int, default=1,
-                    help="rounds over every (concurrency, server), servers taking turns in each round; the fastest round of each is kept (default 1)")
+                    help="rounds over every (concurrency, server), servers taking turns in each round; the table keeps the fastest round "
+                         "of each, the paired ratios take the median over rounds of ratios within a round (default 1)")
+    ap.add_argument("--reference", default="bastion",
+                    help="the server whose paired per-round ratios over the others (transformers aside) are reported (default bastion)")
     ap.add_argument("--out", default="serve-bench", help="output folder for serve_bench.json and serve_bench.png")
     args = ap.parse_args(argv)
 
@@ -404,7 +473,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
-    points = serve_points([s for s in args.servers.split(",") if s], server_args, env, requests, concurrencies, args.max_tokens, args.repeats)
+    rounds = serve_points([s for s in args.servers.split(",") if s], server_args, env, requests, concurrencies, args.max_tokens, args.repeats)
+    points = fastest(rounds)
+    labels = list(dict.fromkeys(p.server for p in points))
+    against = [name for name in labels if name != args.reference and name != "transformers"]
+    ratios = paired_ratios(rounds, args.reference, against) if args.reference in labels and against else []
     if args.offline:
         if args.threads is not None:
             import torch
@@ -415,11 +488,17 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"servers": args.servers, "concurrency": concurrencies, "datasets": args.datasets, "prompts": len(requests),
                    "max_tokens": args.max_tokens, "server_args": server_args, "threads": args.threads, "repeats": args.repeats},
         "points": [attrs.asdict(p) for p in points],
+        "rounds": [[attrs.asdict(p) for p in r] for r in rounds],
+        "paired_ratios": {"reference": args.reference, "ratios": [attrs.asdict(r) for r in ratios]},
     }
     (out / "serve_bench.json").write_text(json.dumps(result, indent=2))
     if points:
         plot(points, out / "serve_bench.png")
     print(table(points))
+    if ratios:
+        print(f"\nPaired ratios, {args.reference} over each server within the same round (median over {args.repeats} "
+              "round(s), smallest-largest round in brackets):\n")
+        print(ratio_table(ratios, args.reference))
     print(f"wrote {out / 'serve_bench.json'} and {out / 'serve_bench.png'}", file=sys.stderr)
     return 0
 
