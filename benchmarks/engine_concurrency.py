@@ -5,8 +5,9 @@ cores: bench prompts are queued so that C requests run at once (a finished one i
 step), each controller on its own pipeline. At each concurrency every controller first makes one
 warm-up pass (its costs and acceptance are learnt on the same prompts); then the controllers take
 turns, pass by pass, and each pass reports completion tokens/s, the share of steps that drafted and the
-widths chosen. Compare controllers within one run: the machine drifts, and its noise moves every figure
-between runs.
+widths chosen; a last table gives the first controller (``--reference``) over each other one, the ratio
+taken within each pass (median over passes, smallest and largest pass). Compare controllers within one
+run: the machine drifts, and its noise moves every figure between runs.
 
 Run: ``python benchmarks/engine_concurrency.py --concurrency 2,4,8 --controllers bastion,plain,fixed:8``
 (demo pair, CPU, one torch thread by default).
@@ -22,6 +23,7 @@ import torch
 
 import bastion
 from bastion.bench.datasets import load_dataset
+from bastion.bench.paired import paired_ratios, ratio_table
 from bastion.bench.templates import encode_prompt
 from bastion.engine import Engine, GenerationConfig
 
@@ -72,6 +74,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="measured passes after the warm-up pass")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reference", default=None, help="the controller whose ratios over the others, paired within each pass, are reported (default: the first)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -85,6 +88,7 @@ def main() -> None:
     pipes = {spec: make_pipeline(spec) for spec in specs}
     first = pipes[specs[0]]
     prompts = [encode_prompt(r, first.tokenizer, first.target.vocab_size)[0] for r in records]  # each [L]
+    passes: list[dict[tuple[str, int], float]] = [{} for _ in range(args.repeats)]
     for c in levels:
         for spec in specs:
             run(pipes[spec], prompts, c, args.max_tokens)  # warm-up: costs and acceptance learnt
@@ -92,7 +96,14 @@ def main() -> None:
             shift = k % len(specs)  # the controllers take turns, who goes first rotating: the machine drifts
             for spec in specs[shift:] + specs[:shift]:
                 rate, share, widths = run(pipes[spec], prompts, c, args.max_tokens)
+                passes[k][(spec, c)] = rate
                 print(f"| {c} | {spec} | {k + 1} | {rate:.1f} | {share:.0%} | {widths} |", flush=True)
+    reference = args.reference or specs[0]
+    against = [spec for spec in specs if spec != reference]
+    if reference in specs and against:
+        print(f"\n{reference} over each controller within the same pass (median over {args.repeats} pass(es), "
+              "smallest-largest pass in brackets):\n")
+        print(ratio_table(paired_ratios(passes, reference, against), reference, level_name="concurrency"))
 
 
 if __name__ == "__main__":

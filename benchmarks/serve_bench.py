@@ -55,6 +55,8 @@ from typing import Any
 
 import attrs
 
+from bastion.bench.paired import paired_ratios, ratio_table
+
 DEFAULT_CONCURRENCIES = (1, 2, 4, 8, 16, 32)
 
 
@@ -362,54 +364,6 @@ def fastest(rounds: list[list[Point]]) -> list[Point]:
     return list(best.values())
 
 
-@attrs.frozen
-class PairedRatio:
-    """``reference`` over a comparison at one concurrency, taken within each round (the servers ran one
-    after the other there, so the machine's drift between rounds cancels): the median over rounds and
-    the smallest and largest round."""
-
-    concurrency: int
-    against: str
-    median: float
-    low: float
-    high: float
-    rounds: int
-
-
-def paired_ratios(rounds: list[list[Point]], reference: str, against: list[str]) -> list[PairedRatio]:
-    """Per concurrency: ``reference`` / each server of ``against`` and / the best of them (``"best"``:
-    the fastest of ``against`` in that same round), each a ratio per round -> median, low, high.
-    A round missing the reference or every comparison at a concurrency is skipped there."""
-    per: dict[tuple[int, str], list[float]] = {}
-    for points in rounds:
-        by = {(p.server, p.concurrency): p.tokens_per_s for p in points}
-        for c in dict.fromkeys(p.concurrency for p in points):
-            mine = by.get((reference, c))
-            others = {name: by[(name, c)] for name in against if by.get((name, c), 0.0) > 0}
-            if not mine or not others:
-                continue
-            for name, rate in others.items():
-                per.setdefault((c, name), []).append(mine / rate)
-            if len(against) > 1:
-                per.setdefault((c, "best"), []).append(mine / max(others.values()))
-    return [
-        PairedRatio(c, name, statistics.median(values), min(values), max(values), len(values))
-        for (c, name), values in sorted(per.items(), key=lambda kv: (kv[0][0], kv[0][1] != "best", (against + ["best"]).index(kv[0][1])))
-    ]
-
-
-def ratio_table(ratios: list[PairedRatio], reference: str) -> str:
-    """A Markdown table of paired ratios: one row per concurrency, one column per comparison."""
-    names = list(dict.fromkeys(r.against for r in ratios))
-    head = [f"{reference} / {'best of {' + ', '.join(n for n in names if n != 'best') + '}' if n == 'best' else n}" for n in names]
-    lines = ["| C | " + " | ".join(head) + " |", "|---:|" + "---|" * len(names)]
-    for c in dict.fromkeys(r.concurrency for r in ratios):
-        cells = {r.against: r for r in ratios if r.concurrency == c}
-        row = [f"{cells[n].median:.2f} ({cells[n].low:.2f}-{cells[n].high:.2f})" if n in cells else "-" for n in names]
-        lines.append(f"| {c} | " + " | ".join(row) + " |")
-    return "\n".join(lines)
-
-
 def serve_points(
     specs: list[str], server_args: list[str], env: dict[str, str], requests: list[Request], concurrencies: list[int],
     max_tokens: int, repeats: int,
@@ -418,7 +372,7 @@ def serve_points(
     concurrency, the servers take turns: a burst of foreign load on a shared machine falls on one round
     of every server alike rather than on one server's whole run. Who goes first rotates with the round
     and the concurrency, so no server always runs right after the same one (or first at every level).
-    -> each round's points (see :func:`fastest` and :func:`paired_ratios`)."""
+    -> each round's points (see :func:`fastest` and :func:`bastion.bench.paired.paired_ratios`)."""
     servers: list[Server] = []
     try:
         for spec in specs:
@@ -477,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     points = fastest(rounds)
     labels = list(dict.fromkeys(p.server for p in points))
     against = [name for name in labels if name != args.reference and name != "transformers"]
-    ratios = paired_ratios(rounds, args.reference, against) if args.reference in labels and against else []
+    rates = [{(p.server, p.concurrency): p.tokens_per_s for p in r} for r in rounds]
+    ratios = paired_ratios(rates, args.reference, against) if args.reference in labels and against else []
     if args.offline:
         if args.threads is not None:
             import torch

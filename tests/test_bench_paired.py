@@ -1,0 +1,79 @@
+"""Ratios paired within rounds (bastion.bench.paired) and the serving benchmark's use of them."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bastion.bench.paired import paired_ratios, ratio_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rates(**by_setting: float) -> dict[tuple[str, int], float]:
+    return {(name.replace("_", ":"), 1): rate for name, rate in by_setting.items()}
+
+
+def test_paired_ratios_take_what_every_round_said_not_a_ratio_of_rounds_minutes_apart():
+    """Round 2 ran on a machine 1.5x faster: bastion over plain is 1.2 in every round, and over fixed:8
+    0.96, 0.9 and 0.88 -> medians 1.2 and 0.9; a ratio of bastion's fastest round (round 2) over
+    fixed:8's would agree here only because both peaked in the same round."""
+    rounds = [
+        _rates(bastion=120.0, plain=100.0, fixed_8=125.0),
+        _rates(bastion=180.0, plain=150.0, fixed_8=200.0),
+        _rates(bastion=132.0, plain=110.0, fixed_8=150.0),
+    ]
+    ratios = {r.against: r for r in paired_ratios(rounds, "bastion", ["plain", "fixed:8"])}
+    assert ratios["plain"].median == pytest.approx(1.2) and ratios["plain"].low == pytest.approx(1.2)
+    assert ratios["fixed:8"].median == pytest.approx(0.9)
+    assert (ratios["fixed:8"].low, ratios["fixed:8"].high) == (pytest.approx(0.88), pytest.approx(0.96))
+    assert ratios["best"].median == pytest.approx(0.9) and ratios["best"].rounds == 3
+
+
+def test_the_best_of_the_others_is_taken_within_each_round():
+    """Plain is fastest in round 1 and fixed:8 in round 2: 'best' is bastion over whichever was faster
+    in that same round (0.8, then 100/110), never over a maximum assembled from different rounds."""
+    rounds = [_rates(bastion=100.0, plain=125.0, fixed_8=80.0), _rates(bastion=100.0, plain=90.0, fixed_8=110.0)]
+    ratios = paired_ratios(rounds, "bastion", ["plain", "fixed:8"])
+    best = ratios[0]
+    assert best.against == "best" and (best.low, best.high) == (pytest.approx(0.8), pytest.approx(100 / 110))
+    lines = ratio_table(ratios, "bastion").splitlines()
+    assert lines[0] == "| C | bastion / best of {plain, fixed:8} | bastion / plain | bastion / fixed:8 |"
+    assert lines[2] == "| 1 | 0.85 (0.80-0.91) | 0.96 (0.80-1.11) | 1.08 (0.91-1.25) |"
+
+
+def test_a_round_without_the_reference_or_with_a_failed_rate_is_left_out_at_that_level():
+    rounds = [{("plain", 2): 100.0}, {("bastion", 2): 90.0, ("plain", 2): 100.0}, {("bastion", 2): 90.0, ("plain", 2): 0.0}]
+    (only,) = paired_ratios(rounds, "bastion", ["plain"])
+    assert (only.level, only.rounds, only.median) == (2, 1, pytest.approx(0.9))
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    base=st.lists(st.floats(50.0, 500.0), min_size=1, max_size=6),
+    drift=st.lists(st.floats(0.5, 2.0), min_size=1, max_size=6),
+    gain=st.floats(0.5, 2.0),
+)
+def test_a_drift_that_scales_every_setting_of_a_round_alike_leaves_the_paired_ratio_exact(base, drift, gain):
+    """Each round's machine speed (drift) multiplies every setting's rate alike: the paired ratio is the
+    true one, gain, in every round, so median, low and high all equal it."""
+    rounds = [{("ref", 4): b * d * gain, ("other", 4): b * d} for b, d in zip(base, drift)]
+    (r,) = paired_ratios(rounds, "ref", ["other"])
+    assert r.median == pytest.approx(gain) and r.low == pytest.approx(gain) and r.high == pytest.approx(gain)
+
+
+def test_the_serving_benchmark_keeps_each_servers_fastest_round_for_its_table():
+    spec = importlib.util.spec_from_file_location("serve_bench", ROOT / "benchmarks" / "serve_bench.py")
+    sb = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(sb)
+
+    def point(server: str, rate: float):
+        return sb.Point(server, 1, 8, int(rate), 1.0, rate, None, None, None, None)
+
+    rounds = [[point("bastion", 120.0), point("plain", 100.0)], [point("bastion", 180.0), point("plain", 90.0)]]
+    assert {p.server: p.tokens_per_s for p in sb.fastest(rounds)} == {"bastion": 180.0, "plain": 100.0}
