@@ -25,7 +25,7 @@ the reference for the server's overhead. Greedy decoding throughout.
 With ``--repeats R`` every server runs R rounds, the servers taking turns at each concurrency within a
 round. The table keeps each server's fastest round; the **paired ratios** (``--reference``, default
 ``bastion``, over every other server and over the best of them) are taken within each round, where the
-servers ran minutes apart at most, and reported as the median over rounds with the smallest and largest
+servers ran one right after another, and reported as the median over rounds with the smallest and largest
 round: on a shared machine whose speed drifts by tens of percent between runs, these are the figures to
 compare. Writes ``serve_bench.json`` (every round's points and the paired ratios) and
 ``serve_bench.png`` (throughput and p50 inter-token latency against concurrency) under ``--out``::

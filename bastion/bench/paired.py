@@ -38,14 +38,14 @@ def paired_ratios(
     largest of ``against`` in that same round, when there are two or more), from each round's rates
     ``{(setting, level): rate}`` (higher is better, e.g. tokens/s) -> one :class:`PairedRatio` per
     (level, comparison), levels in first-seen order, ``"best"`` first. A round without the reference, or
-    without every comparison, at a level is left out of that level's ratios (non-positive rates count as
-    missing)."""
+    without any comparison, at a level is left out of that level's ratios; a comparison missing from a
+    round is left out of that round's "best" (non-positive rates count as missing)."""
     per: dict[tuple[Hashable, str], list[float]] = {}
     levels: dict[Hashable, None] = {}
     for rates in rounds:
-        for _, level in rates:
-            levels.setdefault(level, None)
-        for level in levels:
+        here = dict.fromkeys(level for _, level in rates)
+        levels.update(here)
+        for level in here:
             mine = rates.get((reference, level), 0.0)
             others = {name: rates[(name, level)] for name in against if rates.get((name, level), 0.0) > 0}
             if mine <= 0 or not others:
