@@ -495,3 +495,48 @@ def test_a_row_joining_a_batch_backed_off_to_its_cap_does_not_draft_a_look_predi
     g.wait = 0
     g._first_look = g._retry_look = False
     assert c.speculate_batch([10] * 8, _SmallBatchesPay(), dear)
+
+
+def test_a_backed_off_batch_does_not_probe_on_a_gain_that_pays_only_without_the_drafters_catch_up():
+    """Traced in one process at 8 running requests on the demo pair: a first-step look after 64 plain
+    steps was predicted at 1.28x from the steady drafting cost and took 436 ms (a plain step: about 20),
+    the drafter first projecting the positions of the plain stretch. A switched-off batch now prices
+    its probe with that catch-up; a batch that is speculating does not (a join's catch-up is a
+    one-time cost per request, spread over the run the batch continues)."""
+    lat = _SmallBatchesPay()
+    owing = BatchStepCosts(overhead_s=_COSTS.overhead_s, draft_s=_COSTS.draft_s, plain_s=_COSTS.plain_s, catch_up_s=0.5)
+    c = _backed_off(2, 0.96)
+    assert c._predicted_gain([10] * 2, lat, _COSTS) > 1.1 * 0.96  # without the catch-up: probe early
+    assert c._predicted_gain([10] * 2, lat, owing) < c.gate.margin
+    assert not any(c.speculate_batch([10] * 2, lat, owing) for _ in range(40))
+    running = _primed(2)  # speculation pays at 2 rows: the gate is on
+    assert running.gate.speculating
+    running.begin_batch(SamplingConfig(), 2)  # a row left and another joined: its prompt is owed
+    assert running.speculate_batch([10] * 2, lat, owing)
+
+
+def test_a_batched_probe_that_did_not_pay_is_costed_with_its_catch_up_and_raises_the_cap():
+    """A single sequence's failed probes set the gate's back-off cap from their cost (probes that do not
+    pay cost at most ``probe_share`` of plain decoding); a batch's were never costed, so its cap stayed
+    at ``max_backoff`` however dear its probes: traced at 8 running requests, a probe at the cap drafted
+    after 256 plain steps and cost some 7 plain steps for 1.2 tokens per row. A failed batched probe's
+    seconds, catch-up included, now reach the gate as the plain steps it cost beyond those it replaced."""
+    lat = _SmallBatchesPay()
+    c = _primed(8)  # at 8 rows W = 1 wins: switched off
+    g = c.gate
+    g.backoff, g.wait = g.max_backoff, 0  # the countdown's probe at the cap drafts whatever the prediction
+    assert c.speculate_batch([10] * 8, lat, _COSTS)
+    decision = c.decide_width(_row_scores(_GOOD_ROWS), [10] * 8, lat, _COSTS.overhead_s, _COSTS.draft_s)
+    assert decision.n == 1 and not g.speculating
+    verify_s, overhead_s, catch_up_s = 0.02, 0.01, 0.07
+    for _ in range(8):
+        c.observe(
+            StepFeedback(
+                drafted=True, log_scores=torch.zeros(1), accepted_nodes=torch.tensor([0]), context_len=10,
+                verify_s=verify_s, overhead_s=overhead_s, batch_size=8, catch_up_s=catch_up_s,
+            )
+        )
+    plain_step = float(lat.predict_batch(torch.tensor([1]), [10] * 8)[0]) + _COSTS.plain_s
+    excess = (verify_s + overhead_s + catch_up_s) / plain_step - 1  # one token per row replaced one plain step
+    assert g.probe_excess == pytest.approx(excess)
+    assert g.cap == min(g.ceiling, int(np.ceil(excess / g.probe_share))) > g.max_backoff
