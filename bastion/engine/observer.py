@@ -77,10 +77,6 @@ class StepObserver:
         self.joined = False
         #: positions the drafter owed when this step asked whether to draft (0: not asked or none owed)
         self.owed = 0
-        #: of those, the late ones: all of them when rows joined or plain steps ran since the last
-        #: speculative step, none in a run of speculative steps (each owes what the last one accepted,
-        #: part of a steady step's drafting however long the accepted paths)
-        self.late = 0
 
     # ---------------------------------------------------------------- plain steps
     def plain(self, ctxs: Sequence[int], clock: StageClock, stage: Any) -> list[StepRecord]:
@@ -132,7 +128,6 @@ class StepObserver:
         pipe = self.pipe
         b = len(ctxs)
         width = max(len(t) for t in trees)
-        self.late = self.owed if (self.joined or self.plain_steps > 0) else 0
         self.plain_steps = 0
         verify_s = clock["verify"] + clock["accept"]  # the forward and the read of its verdicts
         stage.at("latency_model", pipe.latency_model, "observe_batch")
@@ -177,20 +172,20 @@ class StepObserver:
         end = time.perf_counter()
         drafting = clock["draft"] + clock["tree"]
         if b > 1:
-            costs.observe_catch_up(b, drafting, self.late)
+            costs.observe_catch_up(b, drafting, self.owed)
         if not self._caught_up(b):
             costs.draft.observe(b, drafting)
         self.joined = False
-        self.owed = self.late = 0
+        self.owed = 0
         costs.other.observe(b, clock["controller"] + clock["commit"] + (end - clock.last))
         self.per_token.observe((end - clock.start) * b / max(emitted, 1))
 
 
     def _caught_up(self, b: int) -> bool:
         """Whether this batched step's draft first took in many late positions: rows joined since the
-        last speculative step, or plain steps ran since and left at least
-        :data:`~bastion.engine.costs.CATCH_UP_MIN` owed positions per row."""
-        return b > 1 and (self.joined or self.late >= CATCH_UP_MIN * b)
+        last speculative step, or at least :data:`~bastion.engine.costs.CATCH_UP_MIN` owed positions
+        per row (a plain stretch)."""
+        return b > 1 and (self.joined or self.owed >= CATCH_UP_MIN * b)
 
 
 def _observe_plain(k: int) -> bool:
