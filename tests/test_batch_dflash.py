@@ -132,28 +132,3 @@ def test_a_batch_of_one_drafts_the_single_sequence_marginals_and_rows_joining_it
                            DraftStep(root_token=int(pre2.last_logits[0].argmax()), context_len=len(second))])
     torch.testing.assert_close(rows[0].log_probs, _single_row(target, drafter, first, committed), atol=1e-5, rtol=0)
     torch.testing.assert_close(rows[1].log_probs, _single_row(target, drafter, second, []), atol=1e-5, rtol=0)
-
-
-def test_pending_positions_count_what_the_next_proposal_takes_in_and_none_after_it(pair):
-    """What a probe after a plain stretch owes the drafter: every row's committed positions that the
-    next proposal projects first (a new row's prompt, per-row commits, stacked plain steps), counted
-    from shapes alone; a proposal takes them all in."""
-    target, drafter = pair
-    prompts = _prompts()
-    state, pre = target.open_batch(prompts, drafter.feature_layers)
-    drafts = drafter.open_batch([DraftContext(p, f) for p, f in zip(prompts, pre.features)])
-    assert drafts.pending_positions() == sum(LENGTHS)  # the prompts: nothing projected yet
-    roots = pre.last_logits.argmax(-1)  # [B]
-    drafts.propose([DraftStep(root_token=int(r), context_len=len(p)) for r, p in zip(roots, prompts)])
-    assert drafts.pending_positions() == 0
-    for _ in range(3):  # a plain stretch: one position per row and step
-        out = state.forward_next(roots, drafter.feature_layers)
-        state.commit_next()
-        drafts.commit_next(roots, out.features[:, 0])
-        roots = out.logits[:, 0].argmax(-1)
-    assert drafts.pending_positions() == 3 * len(prompts)
-    drafts.keep([4, 1])  # rows leave: what they owed goes with them
-    assert drafts.pending_positions() == 3 * 2
-    steps = [DraftStep(root_token=int(roots[i]), context_len=state.context_lens[i]) for i in (4, 1)]
-    drafts.propose(steps)
-    assert drafts.pending_positions() == 0

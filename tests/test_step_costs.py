@@ -7,8 +7,6 @@ from __future__ import annotations
 import time
 import types
 
-import pytest
-
 import bastion
 from bastion.engine.costs import BatchCosts
 from bastion.engine.observer import StageClock, StepObserver
@@ -113,29 +111,3 @@ def test_a_batched_step_after_a_join_reaches_the_controller_at_the_steady_drafti
     obs.speculative_done(2, 4, _clock(0.050))
     _speculative_step(obs, 0.050)  # a later slow draft is a real cost: heard as it is
     assert heard.feedback[-1].overhead_s > steady + 0.03
-
-
-def test_a_draft_owing_a_plain_stretch_teaches_the_catch_up_per_position_not_the_steady_cost():
-    """Traced in one process at 8 running requests on the demo pair: a probe after a plain stretch
-    projected some 650 owed positions before drafting (60-70 ms against a steady 38 ms draft), and the
-    gate had predicted the probe from the steady cost. Such a draft now teaches the seconds per owed
-    position (what the next probe's prediction adds) and reaches the controller as a steady step plus
-    its catch-up, never the steady drafting cost."""
-    heard = _Heard()
-    costs = BatchCosts()
-    pipe = types.SimpleNamespace(_batch_costs=costs, budget_controller=heard, latency_model=heard)
-    obs = StepObserver(pipe, drafts=True)
-    for _ in range(3):
-        obs.owed = 6  # a steady step owes what its last step accepted
-        _speculative_step(obs, 0.010)
-        obs.speculative_done(2, 4, _clock(0.010))
-    assert costs.catch_up_s(100) == 0.0  # no late positions timed yet
-    steady = heard.feedback[-1].overhead_s
-    obs.owed = 200  # a plain stretch of 100 steps at 2 rows
-    _speculative_step(obs, 0.030)
-    assert heard.feedback[-1].overhead_s == steady
-    assert heard.feedback[-1].catch_up_s == pytest.approx(0.020)
-    obs.speculative_done(2, 4, _clock(0.030))
-    assert costs.draft(2) == pytest.approx(0.010)  # the steady cost is unmoved
-    assert costs.catch_up_s(100) == pytest.approx(0.010)  # 0.1 ms per owed position
-    assert obs.owed == 0

@@ -140,13 +140,6 @@ class DraftBatch(abc.ABC):
         this default, and requests then wait until the running batch has drained."""
         raise NotImplementedError(f"{type(self).__name__} cannot take in rows of another batch")
 
-    def pending_positions(self) -> int:
-        """Positions committed to the rows that the next :meth:`propose` must take in before it drafts,
-        summed over rows: what a drafter that defers work (DFlash projects plain steps' features and
-        newly joined prompts at its next proposal) owes. The engine prices a probe after a plain
-        stretch with it. The default, 0, says nothing is owed (or that the batch does not tell)."""
-        return 0
-
     def commit_next(self, tokens: torch.Tensor, features: torch.Tensor | None) -> None:
         """A plain step committed one token per row: ``tokens`` [B] and their features [B, F] (or None).
         The default calls :meth:`commit` with one-entry slices per row; override it to keep a plain

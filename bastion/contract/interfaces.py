@@ -304,10 +304,6 @@ class BatchStepCosts:
     overhead_s: float  # a speculative step's non-verify seconds besides drafting
     draft_s: float  # drafting and tree building (not spent on a plain step)
     plain_s: float  # a plain step's non-verify seconds
-    #: what drafting this step would spend first on taking in the positions committed since the drafter
-    #: last proposed (a plain stretch, the prompts of rows that joined), beyond ``draft_s``; 0.0 when
-    #: there are none or the drafter does not say (see :meth:`bastion.contract.batch_state.DraftBatch.pending_positions`)
-    catch_up_s: float = 0.0
 
 
 class BudgetController(_BatchFirst):

@@ -288,10 +288,6 @@ class StepFeedback:
     #: rows of the batched step this came from (a plain batched step sends one feedback for the batch,
     #: its seconds the whole step's; a speculative one sends one per row)
     batch_size: int = 1
-    #: a speculative batched step whose drafter first took in many late positions (rows that joined, a
-    #: plain stretch): the drafting seconds beyond a steady step's, left out of ``overhead_s`` (the step
-    #: then reports a steady step's costs) and given here; the step's wall time is the sum of the three
-    catch_up_s: float = 0.0
 
     @property
     def accepted(self) -> int:

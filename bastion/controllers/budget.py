@@ -306,16 +306,11 @@ class BastionController(BudgetController):
         if totals is None:
             return None
         rows = len(context_lens)
-        draft_s = _check_overhead(costs.draft_s)
-        if self.gate is not None and not self.gate.speculating:
-            # a probe pays its own catch-up (the drafter taking in the plain stretch since the last draft);
-            # a batch that is speculating amortizes a join's over the run it continues
-            draft_s += _check_overhead(costs.catch_up_s)
-        rate, cost, t_verify, _ = self._batch_rates(totals, context_lens, latency, costs.overhead_s, draft_s)  # [G, N + 1]
+        rate, cost, t_verify, _ = self._batch_rates(totals, context_lens, latency, costs.overhead_s, costs.draft_s)  # [G, N + 1]
         wide = rate[:, 1:].max(axis=1)  # [G] the best allowed width's tokens per second
         # decide_width takes W = 1 when no wider tree beats a plain step (not counting the drafting, spent
         # by then): the step then commits one token per row after the drafting it wasted
-        realized = np.where(wide > rate[:, 0], wide, rows / (cost[0] + draft_s))  # [G]
+        realized = np.where(wide > rate[:, 0], wide, rows / (cost[0] + _check_overhead(costs.draft_s)))  # [G]
         plain = rows / (t_verify[0] + costs.plain_s)
         return float(realized.mean() / plain) * self.realism(rows)
 
@@ -395,9 +390,7 @@ class BastionController(BudgetController):
     def _hear_row(self, outcome: StepFeedback) -> None:
         """One row of a speculative batched step: once every row is heard, the step's realized gain (its
         tokens per second over a plain batched step's) against the gain :meth:`decide_width` predicted
-        for it teaches :meth:`realism` at that batch size, and the gate hears what the step cost beyond
-        the plain steps it replaced (a probe that did not pay sets the batch size's back-off cap, as a
-        single sequence's does: see :meth:`SpeculationGate.observe_probe_cost`), its catch-up included."""
+        for it teaches :meth:`realism` at that batch size."""
         step = self._pending_step
         if step is None or step.rows != outcome.batch_size:
             return
@@ -407,12 +400,7 @@ class BastionController(BudgetController):
             return
         self._pending_step = None
         seconds = outcome.verify_s + outcome.overhead_s
-        if seconds <= 0 or step.plain_rate <= 0:
-            return
-        if self.gate is not None:
-            full = seconds + _check_overhead(outcome.catch_up_s)
-            self.gate.observe_probe_cost((full * step.plain_rate - step.emitted) / step.rows)
-        if not step.teach or step.predicted <= 0:
+        if seconds <= 0 or step.plain_rate <= 0 or step.predicted <= 0:
             return
         realized = (step.emitted / seconds) / step.plain_rate
         level = self._realism.get(step.rows)
@@ -591,7 +579,7 @@ class BastionController(BudgetController):
         # step measured yet (0 s), and their realized / predicted gain (measured in a server's first steps
         # at 2 rows: 0.15) would scale every later prediction at that size down until a capped probe
         priced = draft_s > 0 and plain_s > 0
-        self._pending_step = _PendingStep(len(rows), float(plain), gain, teach=width > 1) if priced else None
+        self._pending_step = _PendingStep(len(rows), float(plain), gain) if width > 1 and priced else None
         gain *= self.realism(len(rows))
         if self.gate is not None:
             self.gate.update(gain)
@@ -683,11 +671,10 @@ class _PendingStep:
     """A speculative batched step whose rows' feedback is still arriving: its rows, a plain batched
     step's tokens per second and the gain predicted for it, then the rows heard and tokens emitted."""
 
-    __slots__ = ("rows", "plain_rate", "predicted", "teach", "heard", "emitted")
+    __slots__ = ("rows", "plain_rate", "predicted", "heard", "emitted")
 
-    def __init__(self, rows: int, plain_rate: float, predicted: float, *, teach: bool) -> None:
+    def __init__(self, rows: int, plain_rate: float, predicted: float) -> None:
         self.rows, self.plain_rate, self.predicted = rows, plain_rate, predicted
-        self.teach = teach  # whether its realized gain teaches realism (a step that verified W > 1)
         self.heard = 0
         self.emitted = 0
 

@@ -7,10 +7,7 @@ needs them at the batch size it is deciding for, including sizes it has not run 
 batch as they finish; the next request may be larger). :class:`CostBySize` keeps a running mean per
 batch size seen and answers unseen sizes from a non-negative fit ``a + b * B`` through them (one size
 seen: proportional to B, which over-prices larger batches and under-prices smaller ones, so an unseen
-large batch does not start speculating on an optimistic guess). :class:`BatchCosts` holds the three,
-and a fourth that is not per step: the drafting seconds per position a drafter takes in late (after a
-plain stretch or a join, see :meth:`bastion.contract.batch_state.DraftBatch.pending_positions`), which
-prices a probe's catch-up.
+large batch does not start speculating on an optimistic guess). :class:`BatchCosts` holds the three.
 """
 
 from __future__ import annotations
@@ -20,10 +17,7 @@ import numpy as np
 from bastion.utils.checks import check_int, check_number
 from bastion.utils.running import RobustLevel
 
-__all__ = ["CostBySize", "BatchCosts", "CATCH_UP_MIN"]
-
-#: a draft owing at least this many late positions per row teaches the catch-up cost
-CATCH_UP_MIN = 8
+__all__ = ["CostBySize", "BatchCosts"]
 
 
 class CostBySize:
@@ -84,21 +78,3 @@ class BatchCosts:
         self.draft = CostBySize(weight)  # drafting + tree building of a speculative step
         self.other = CostBySize(weight)  # the rest of a speculative step outside the verify forward
         self.plain = CostBySize(weight)  # a plain step outside its target forward
-        #: drafting seconds per position taken in late, beyond a steady step's drafting (robust level;
-        #: 0 until a draft that caught up on many positions was timed)
-        self.catch_up = RobustLevel()
-
-    def observe_catch_up(self, batch_size: int, seconds: float, pending: int) -> None:
-        """A draft of ``batch_size`` rows that took ``seconds`` while taking in ``pending`` positions
-        first: its seconds beyond a steady draft at that size, per position, teach :attr:`catch_up`.
-        Only drafts owing at least :data:`CATCH_UP_MIN` positions per row count (a steady step takes in
-        the few positions its last step accepted, already inside the steady cost), and only at a batch
-        size whose steady drafting was measured."""
-        b = check_int("batch_size", batch_size)
-        if pending < CATCH_UP_MIN * b or b not in self.draft.sizes:
-            return
-        self.catch_up.observe(max(0.0, check_number("seconds", seconds) - self.draft(b)) / pending)
-
-    def catch_up_s(self, pending: int) -> float:
-        """Predicted seconds of taking in ``pending`` late positions (0.0 before any was timed)."""
-        return self.catch_up.value * pending if pending > 0 else 0.0

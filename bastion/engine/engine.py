@@ -419,13 +419,8 @@ class Engine:
         controller = pipe.budget_controller
         b = len(ctxs)
         costs = pipe._batch_costs
-        owed = 0
-        if b > 1 and self._drafts is not None:
-            stage.at("drafter", pipe.drafter, "pending_positions")
-            owed = self.observer.owed = max(0, int(self._drafts.pending_positions()))
-        step_costs = BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b), costs.catch_up_s(owed))
         stage.at("budget_controller", controller, "speculate_batch")
-        return bool(controller.speculate_batch(ctxs, pipe.latency_model, step_costs))
+        return bool(controller.speculate_batch(ctxs, pipe.latency_model, BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b))))
 
     def _plain(self, rows: list[Request], ctxs: list[int], clock: StageClock, updates: list[StepUpdate], stage: "_Stage") -> int:
         """The target alone: one forward over every row's root, each row's next token, and the drafter

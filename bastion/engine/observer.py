@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 import attrs
 import torch
 
-from bastion.engine.costs import CATCH_UP_MIN
 from bastion.utils.running import RobustLevel
 from bastion.contract.types import StageTimings, StepFeedback, StepRecord
 
@@ -75,8 +74,6 @@ class StepObserver:
         #: rows joined since the last speculative step: the next draft also catches the drafter up on
         #: their prompts (a one-time cost per request, like its prefill), not what a step's drafting costs
         self.joined = False
-        #: positions the drafter owed when this step asked whether to draft (0: not asked or none owed)
-        self.owed = 0
 
     # ---------------------------------------------------------------- plain steps
     def plain(self, ctxs: Sequence[int], clock: StageClock, stage: Any) -> list[StepRecord]:
@@ -134,23 +131,20 @@ class StepObserver:
         pipe.latency_model.observe_batch(width, ctxs, verify_s)
         drafting = clock["draft"] + clock["tree"]
         costs = pipe._batch_costs
-        catch_up = 0.0
-        if self._caught_up(b) and costs.draft.sizes:
+        if self.joined and b > 1 and costs.draft.sizes:
             # this draft also caught the drafter up on the newcomers' prompts (a one-time cost per request,
-            # like its prefill) or on a plain stretch: the controller hears the step at the steady drafting
-            # cost and the rest as its catch-up, so a batch's first steps after joins do not teach it that
-            # drafting never pays at this size (measured in serving at 2 requests: two such steps set the
-            # realized / predicted gain to 0.17, and the batch then drafted on 6% of its steps where fixed
-            # widths ran 1.03-1.15x plain decoding), while a failed probe is still costed in full
-            steady = min(drafting, costs.draft(b))
-            drafting, catch_up = steady, drafting - steady
+            # like its prefill): the controller hears the step at the steady drafting cost, so a batch's
+            # first steps after joins do not teach it that drafting never pays at this size (measured in
+            # serving at 2 requests: two such steps set the realized / predicted gain to 0.17, and the
+            # batch then drafted on 6% of its steps where fixed widths ran 1.03-1.15x plain decoding)
+            drafting = min(drafting, costs.draft(b))
         non_verify = drafting + clock["controller"] + clock["commit"]
         stage.at("budget_controller", pipe.budget_controller, "observe")
         for tree, row_scores, verdict, ctx in zip(trees, scores, verdicts, ctxs):
             pipe.budget_controller.observe(
                 StepFeedback(
                     drafted=True, log_scores=row_scores[: len(tree)], accepted_nodes=verdict.accepted_nodes, context_len=ctx,
-                    verify_s=verify_s, overhead_s=non_verify, batch_size=b, catch_up_s=catch_up,
+                    verify_s=verify_s, overhead_s=non_verify, batch_size=b,
                 )
             )
         timings = clock.timings()
@@ -170,22 +164,11 @@ class StepObserver:
         the demo pair, they would price every later step's drafting at the newcomers' catch-up."""
         costs = self.pipe._batch_costs
         end = time.perf_counter()
-        drafting = clock["draft"] + clock["tree"]
-        if b > 1:
-            costs.observe_catch_up(b, drafting, self.owed)
-        if not self._caught_up(b):
-            costs.draft.observe(b, drafting)
+        if not self.joined:
+            costs.draft.observe(b, clock["draft"] + clock["tree"])
         self.joined = False
-        self.owed = 0
         costs.other.observe(b, clock["controller"] + clock["commit"] + (end - clock.last))
         self.per_token.observe((end - clock.start) * b / max(emitted, 1))
-
-
-    def _caught_up(self, b: int) -> bool:
-        """Whether this batched step's draft first took in many late positions: rows joined since the
-        last speculative step, or at least :data:`~bastion.engine.costs.CATCH_UP_MIN` owed positions
-        per row (a plain stretch)."""
-        return b > 1 and (self.joined or self.owed >= CATCH_UP_MIN * b)
 
 
 def _observe_plain(k: int) -> bool:

@@ -82,10 +82,6 @@ class DFlashDraftBatch(DraftBatch):
     def committed(self, row: int) -> int:
         return self._lens[row] + sum(int(f.shape[0]) for f in self._pending[row]) + len(self._plain)
 
-    def pending_positions(self) -> int:
-        """Committed positions not yet projected, over all rows (host counts: no device work)."""
-        return sum(int(f.shape[0]) for p in self._pending for f in p) + len(self._plain) * len(self._lens)
-
     @torch.inference_mode()
     def propose(self, steps: Sequence[DraftStep]) -> list[Marginals]:
         b = len(self._lens)
