@@ -112,6 +112,9 @@ class BastionController(BudgetController):
     single sequence's calibrated acceptance by how its own drafts fared against it so far (attribute
     ``request_accept``, None when off; batches of several rows have :meth:`realism` instead). Off by
     default: on the demo pair it ran slower than without it on every bench data set (docs/controllers.md).
+    ``row_window`` (default 16): how many of the most recent rows drafted a batch's predicted gain reads
+    (:meth:`_predicted_gain`); served side by side on the demo pair, 64 against 16 measured ahead at 2-4
+    concurrent requests in one run and behind in the next (docs/results.md), so the default stays.
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class BastionController(BudgetController):
         calibration: AcceptanceCalibrator | Mapping[str, Any] | bool = True,
         gate: SpeculationGate | Mapping[str, Any] | bool = True,
         request_accept: RequestAcceptance | Mapping[str, Any] | bool = False,
+        row_window: int = _ROW_WINDOW,
     ) -> None:
         if rule not in ("scan", "first-decrease"):
             raise InvalidInputError(f"rule must be 'scan' or 'first-decrease', got {rule!r}")
@@ -149,7 +153,8 @@ class BastionController(BudgetController):
         self._plain_step = RobustLevel()  # a plain step's seconds
         #: batches: the calibrated acceptance curves of the most recent rows drafted (each [n_i], entry
         #: W - 1: the row's tokens at width W), newest last; a plain step's probe decision predicts from them
-        self._row_curves: deque[np.ndarray] = deque(maxlen=_ROW_WINDOW)
+        self.row_window = check_int("row_window", row_window)
+        self._row_curves: deque[np.ndarray] = deque(maxlen=self.row_window)
         self._rows_seen = 0  # rows ever added to the window (its version, for the cache below)
         #: (rows seen, batch size) -> the window's batch totals [G, n] (:meth:`_predicted_gain`)
         self._totals: tuple[tuple[int, int], np.ndarray] | None = None
