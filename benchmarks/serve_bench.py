@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = list(dict.fromkeys(p.server for p in points))
     against = [name for name in labels if name != args.reference and name != "transformers"]
     rates = [{(p.server, p.concurrency): p.tokens_per_s for p in r} for r in rounds]
-    ratios = paired_ratios(rates, args.reference, against) if args.reference in labels and against else []
+    ratios = paired_ratios(rates, args.reference, against)  # empty without the reference or anything to compare
     if args.offline:
         if args.threads is not None:
             import torch

@@ -298,7 +298,7 @@ class BastionController(BudgetController):
 
     def _predicted_gain(self, context_lens: Sequence[int], latency: LatencyModel, costs: BatchStepCosts) -> float | None:
         """Predicted gain of drafting this step over a plain batched step: the mean, over batches of
-        ``B`` recent rows (consecutive in the window of :data:`_ROW_WINDOW` rows, wrapping), of what
+        ``B`` recent rows (consecutive in the window of :attr:`row_window` rows, wrapping), of what
         :meth:`decide_width` would realize on such a batch, its best width's tokens per second, or a
         plain step's tokens after the drafting it wasted when W = 1 wins.
 
