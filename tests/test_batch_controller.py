@@ -550,3 +550,28 @@ def test_a_backed_off_batch_predicts_from_its_last_row_window_rows_drafted(windo
 def test_row_window_must_be_a_positive_int():
     with pytest.raises(InvalidInputError, match="row_window"):
         BastionController(row_window=0)
+
+
+def test_a_row_that_joined_a_backed_off_batch_is_predicted_from_the_long_run_rows_not_from_those_that_stopped_drafting():
+    """Traced in a server at 2 concurrent requests: the rows whose drafts stopped paying filled the
+    recent window, a newly joined request's batch was predicted 0.89-0.98 from them, its first-step look
+    was skipped and the back-off grew to 64 steps, where a fixed width of 16 ran 1.35x plain decoding.
+    A row that joined since the batch last drafted is now predicted from the long-run window; once the
+    batch drafts, its own rows are in the recent window and the prediction reads them again."""
+    c = BastionController(calibration=False)
+    lat = _SmallBatchesPay()
+    c.begin_batch(SamplingConfig(), 2)
+    poor = [[8.0] * 11] * 2  # drafts that are never accepted
+    for rows in [_GOOD_ROWS[:2]] * 40 + [poor] * 8:  # a long good run, then the rows that stopped drafting
+        c.decide_width(_row_scores(rows), [10, 10], lat, _COSTS.overhead_s, _COSTS.draft_s)
+    recent = c._predicted_gain([10, 10], lat, _COSTS)
+    assert recent < c.gate.margin
+    c.begin_batch(SamplingConfig(), 1)  # one request finished ...
+    c.begin_batch(SamplingConfig(), 2)  # ... and a new one joined
+    joined = c._predicted_gain([10, 10], lat, _COSTS)
+    assert joined > c.gate.margin  # one row of the recent window, one from the long run
+    c.begin_batch(SamplingConfig(), 3)
+    assert c._predicted_gain([10] * 3, lat, _COSTS) > 0  # two fresh rows, one recent: still predicted
+    c.begin_batch(SamplingConfig(), 2)
+    c.decide_width(_row_scores(poor), [10, 10], lat, _COSTS.overhead_s, _COSTS.draft_s)  # the batch drafted
+    assert c._predicted_gain([10, 10], lat, _COSTS) == pytest.approx(recent)  # its own rows: the recent window

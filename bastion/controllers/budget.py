@@ -93,6 +93,8 @@ _RECHECK_EVERY = 4
 _RECHECK_NEAR, _RECHECK_FAR = 0.8, 16
 #: how far above the last probe's measured gain a prediction must rise to probe before the back-off ends
 _RECHECK_RISE = 1.1
+#: rows of the long-run window a batch's newly joined rows are predicted from (:meth:`_predicted_gain`)
+_LONG_WINDOW = 256
 
 
 class BastionController(BudgetController):
@@ -155,9 +157,14 @@ class BastionController(BudgetController):
         #: W - 1: the row's tokens at width W), newest last; a plain step's probe decision predicts from them
         self.row_window = check_int("row_window", row_window)
         self._row_curves: deque[np.ndarray] = deque(maxlen=self.row_window)
+        #: the same curves over a longer past: what a row that joined the batch since its last drafted
+        #: step is predicted from (its text has not been drafted yet; the recent rows are other texts)
+        self._long_curves: deque[np.ndarray] = deque(maxlen=max(_LONG_WINDOW, self.row_window))
         self._rows_seen = 0  # rows ever added to the window (its version, for the cache below)
-        #: (rows seen, batch size) -> the window's batch totals [G, n] (:meth:`_predicted_gain`)
-        self._totals: tuple[tuple[int, int], np.ndarray] | None = None
+        self._fresh = 0  # rows of the running batch that joined since its last drafted step
+        self._batch_rows = 0  # the running batch's rows at the last begin / begin_batch
+        #: (rows seen, batch size, fresh rows) -> the window's batch totals [G, n] (:meth:`_predicted_gain`)
+        self._totals: tuple[tuple[int, int, int], np.ndarray] | None = None
         self._batch_plain_s: float | None = None  # this batched step's plain-step seconds (speculate_batch)
         self._probe_rows: int | None = None  # rows of the batch's last speculative step
         #: the gain predicted when the batch's last probe started (None: not predicted), and the newest
@@ -221,6 +228,7 @@ class BastionController(BudgetController):
         """:meth:`begin` for a batch: the gate's state is kept per (sampling setting, batch size), so
         whether speculation paid at one batch size never decides another's start (nor a single
         sequence's)."""
+        self._joined(int(batch_size))
         if batch_size == 1:
             self.begin(sampling)  # a batch of one is a sequence: the single-sequence gate state
             return
@@ -320,25 +328,43 @@ class BastionController(BudgetController):
         plain = rows / (t_verify[0] + costs.plain_s)
         return float(realized.mean() / plain) * self.realism(rows)
 
+    def _remember_rows(self, curves: list[np.ndarray]) -> None:
+        """Rows just drafted (each curve [n_i]): into both windows; the running batch has no fresh row."""
+        self._row_curves.extend(curves)
+        self._long_curves.extend(curves)
+        self._rows_seen += len(curves)
+        self._fresh = 0
+
+    def _joined(self, batch_size: int) -> None:
+        """The running batch now has ``batch_size`` rows: rows beyond its last size joined (fresh)."""
+        self._fresh = min(batch_size, self._fresh + max(0, batch_size - self._batch_rows))
+        self._batch_rows = batch_size
+
     def _window_totals(self, rows: int) -> np.ndarray | None:
         """The window's batches of ``rows`` rows: their summed acceptance curves [G, n] (None: no curve
         of two nodes or more yet); kept until the window changes, so the re-checks of a backed-off
-        batch (the window does not move while it decodes plainly) do not rebuild them."""
-        window = self._row_curves
-        key = (self._rows_seen, rows)
+        batch (the window does not move while it decodes plainly) do not rebuild them. The rows that
+        joined since the batch last drafted are taken from the long-run window instead: the recent
+        rows are the texts that were running when drafting stopped paying (at 2 concurrent requests in
+        a server the recent window predicted 0.89-0.98 for a newly joined request's batch, its looks
+        were skipped and the back-off grew to 64 steps, while a fixed width of 16 ran 1.35x plain)."""
+        fresh = min(self._fresh, rows)
+        key = (self._rows_seen, rows, fresh)
         if self._totals is not None and self._totals[0] == key:
             return self._totals[1]
-        n = max((c.shape[0] for c in window), default=0)
+        n = max((c.shape[0] for c in (self._long_curves if fresh else self._row_curves)), default=0)
         if n < 2:
             return None
-        curves = np.stack([_extend_flat(c, n) for c in window])  # [K, n]
-        k = curves.shape[0]
-        if rows >= k:
-            totals = curves.sum(axis=0, keepdims=True) * (rows / k)  # [1, n]
-        else:
-            totals = curves.copy()
-            for shift in range(1, rows):
-                totals += np.roll(curves, -shift, axis=0)  # [K, n]: rows g .. g + B - 1 (wrapping)
+        totals = _group_totals(self._row_curves, rows - fresh, n)  # [G1, n] or None
+        if fresh:
+            joined = _group_totals(self._long_curves, fresh, n)  # [G2, n]
+            assert joined is not None
+            if totals is not None:  # pair the groups (the shorter list wrapping)
+                g = max(totals.shape[0], joined.shape[0])
+                totals = np.resize(totals, (g, n)) + np.resize(joined, (g, n))
+            else:
+                totals = joined
+        assert totals is not None
         self._totals = (key, totals)
         return totals
 
@@ -511,8 +537,7 @@ class BastionController(BudgetController):
             self._expected_extra = sum(rates[1:n])  # what calibration alone expects the tree to add
         # a single sequence's acceptance curve teaches the one batched steps predict from: a batch's
         # first step after single-request traffic is then decided on it, not probed blind
-        self._row_curves.append(np.cumsum(np.asarray(rates, dtype=np.float64)))
-        self._rows_seen += 1
+        self._remember_rows([np.cumsum(np.asarray(rates, dtype=np.float64))])
         # against a plain step (no draft); drafting then verifying the root alone never beats it
         plain = t_verify[0] / (t_verify[0] + self.plain_overhead_s)
         gain = speedup / plain if n > 1 else 0.0
@@ -580,8 +605,7 @@ class BastionController(BudgetController):
         raw = batch_accept_curve([np.exp(r) for r in rows])  # [n_top] sum_i A_hat_i(min(W, n_i))
         row_rates = [self.accept_rates(r) for r in rows]  # each [n_i], calibrated
         cal = batch_accept_curve(row_rates)  # [n_top] the same, calibrated
-        self._row_curves.extend(np.cumsum(r) for r in row_rates)
-        self._rows_seen += len(row_rates)
+        self._remember_rows([np.cumsum(r) for r in row_rates])
         self._probe_rows = len(rows)
         rate, cost, t_verify, sizes = self._batch_rates(cal, context_lens, latency, overhead_s, draft_s)  # each [N + 1]
         spent = cal[sizes - 1] / (cost + np.where(sizes > 1, 0.0, _check_overhead(draft_s)))  # [N + 1] the draft paid at every width
@@ -693,6 +717,22 @@ class _PendingStep:
         self.rows, self.plain_rate, self.predicted = rows, plain_rate, predicted
         self.heard = 0
         self.emitted = 0
+
+
+def _group_totals(window: Sequence[np.ndarray], rows: int, n: int) -> np.ndarray | None:
+    """Batches of ``rows`` consecutive curves of ``window`` (wrapping), each extended flat to ``n``
+    entries: their summed curves [G, n]; with ``rows`` at least the window's curves one batch, the
+    window's sum scaled to ``rows``. None for no rows or an empty window."""
+    if rows <= 0 or not window:
+        return None
+    curves = np.stack([_extend_flat(c, n) for c in window])  # [K, n]
+    k = curves.shape[0]
+    if rows >= k:
+        return curves.sum(axis=0, keepdims=True) * (rows / k)  # [1, n]
+    totals = curves.copy()
+    for shift in range(1, rows):
+        totals += np.roll(curves, -shift, axis=0)  # [K, n]: rows g .. g + B - 1 (wrapping)
+    return totals
 
 
 def _extend_flat(curve: np.ndarray, n: int) -> np.ndarray:
