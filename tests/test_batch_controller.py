@@ -93,9 +93,8 @@ def test_chosen_width_of_two_or_more_rows_is_the_exact_argmax_of_the_predicted_b
 def test_a_batch_prices_every_width_with_the_drafting_it_already_paid():
     """Traced in a server at 2 concurrent requests with the gate off: priced without the drafting it
     follows, verifying the roots alone (W = 1) won 45% of the drafted steps, which then took 34 ms for 2
-    tokens where the other steps took 43 ms for 9.3; the gate heard a gain of 0 on each and the gated
-    controller kept drafting to 13% of its steps, 0.87x a fixed width of 16. The width is chosen after the
-    drafting, so W = 1 pays it too: here (planted costs of that trace, 18 ms of drafting, about 4.2
+    tokens where the other steps took 43 ms for 9.3, and that server ran 0.87x a fixed width of 16. The
+    width is chosen after the drafting, so W = 1 pays it too: here (planted costs of that trace, 18 ms of drafting, about 4.2
     tokens at W = 16 against 2 at W = 1) the decision verifies a tree."""
     lat = PlantedBatchLatency(base=0.010, per_bw=0.0003)
     chain = [1.0, 1.3, 1.7, 2.2, 2.7, 3.2, 3.7, 4.2, 4.7, 5.2, 5.7, 6.0, 6.0, 6.0, 6.0]  # -log rho, each row
