@@ -15,7 +15,12 @@ Servers (``--servers``, comma-separated; each started on a free loopback port an
 - ``fixed:N``: ``bastion serve --budget N`` (a fixed tree width of N nodes);
 - ``transformers``: ``transformers serve TARGET --continuous-batching`` on the same target (skipped when
   the ``transformers`` command is not installed);
-- ``NAME=URL``: a server that is already running (not started, not stopped), e.g. on another machine.
+- ``NAME=URL``: a server that is already running (not started, not stopped), e.g. on another machine;
+- ``NAME@DIR``: ``bastion serve`` (adaptive) from the checkout at DIR, e.g. ``prev@../prev`` beside
+  ``bastion`` to serve two commits side by side. It runs with DIR as its working directory and first on
+  ``PYTHONPATH``: ``python -m`` puts the working directory ahead of ``PYTHONPATH``, so a server started
+  by hand from one checkout with ``PYTHONPATH`` naming another serves the first one's code. Each
+  server's startup line names the folder its ``bastion`` was imported from.
 
 ``--server-args`` go to every ``bastion serve`` (e.g. ``--target DIR --drafter DIR --device cuda``);
 without them the demo pair is served. ``--offline`` adds the same prompts decoded in this process
@@ -153,11 +158,15 @@ def _wait_health(url: str, process: subprocess.Popen[str], timeout: float) -> No
     raise RuntimeError(f"the server at {url} did not become healthy in {timeout:.0f} s")
 
 
-def start_bastion(label: str, extra: list[str], server_args: list[str], env: dict[str, str]) -> Server:
-    """``bastion serve`` on a free port with ``extra`` options; its URL read from its startup line."""
+def start_bastion(label: str, extra: list[str], server_args: list[str], env: dict[str, str], checkout: Path | None = None) -> Server:
+    """``bastion serve`` on a free port with ``extra`` options (from ``checkout`` when given: its working
+    directory and first on ``PYTHONPATH``); its URL read from its startup line."""
     cmd = [sys.executable, "-m", "bastion", "serve", "--port", "0", "--max-running", "64", "--max-queue", "1024",
            *server_args, *extra]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    if checkout is not None:
+        env = {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(checkout), env.get("PYTHONPATH", "")) if p)}
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+                            cwd=None if checkout is None else str(checkout))
     assert proc.stderr is not None
     for line in proc.stderr:
         print(f"  [{label}] {line.rstrip()}", file=sys.stderr)
@@ -210,6 +219,12 @@ def start_server(spec: str, server_args: list[str], env: dict[str, str]) -> Serv
 
         model = httpx.get(url.rstrip("/") + "/v1/models", timeout=10).json()["data"][0]["id"]
         return Server(label, url.rstrip("/"), model)
+    if "@" in spec:
+        label, folder = spec.split("@", 1)
+        checkout = Path(folder).expanduser().resolve()
+        if not label or not (checkout / "bastion" / "__init__.py").is_file():
+            raise SystemExit(f"{spec!r}: NAME@DIR needs a name and a checkout of bastion at DIR (no bastion/__init__.py in {checkout})")
+        return start_bastion(label, [], server_args, env, checkout)
     if spec == "bastion":
         return start_bastion(spec, [], server_args, env)
     if spec == "plain":
@@ -218,7 +233,7 @@ def start_server(spec: str, server_args: list[str], env: dict[str, str]) -> Serv
         return start_bastion(spec, ["--budget", spec.split(":", 1)[1]], server_args, env)
     if spec == "transformers":
         return start_transformers(_arg(server_args, "--target", demo_target()), _arg(server_args, "--device", "cpu"), env)
-    raise SystemExit(f"unknown server {spec!r}: bastion, plain, fixed:N, transformers or NAME=URL")
+    raise SystemExit(f"unknown server {spec!r}: bastion, plain, fixed:N, transformers, NAME=URL or NAME@DIR")
 
 
 # ---------------------------------------------------------------------------------------- driving
@@ -400,7 +415,7 @@ def serve_points(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default="bastion,plain,fixed:4,fixed:16,transformers",
-                    help="comma-separated: bastion, plain, fixed:N, transformers, NAME=URL")
+                    help="comma-separated: bastion, plain, fixed:N, transformers, NAME=URL, NAME@DIR (bastion serve from the checkout at DIR)")
     ap.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)), help="comma-separated levels")
     ap.add_argument("--datasets", default="gsm8k,humaneval,mt_bench", help="bench data sets (see bastion bench)")
     ap.add_argument("--prompts", type=int, default=16, help="prompts per data set (default 16)")

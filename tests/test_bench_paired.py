@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -66,14 +67,44 @@ def test_a_drift_that_scales_every_setting_of_a_round_alike_leaves_the_paired_ra
     assert r.median == pytest.approx(gain) and r.low == pytest.approx(gain) and r.high == pytest.approx(gain)
 
 
-def test_the_serving_benchmark_keeps_each_servers_fastest_round_for_its_table():
+def _serve_bench():
     spec = importlib.util.spec_from_file_location("serve_bench", ROOT / "benchmarks" / "serve_bench.py")
     sb = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(sb)
+    return sb
+
+
+def test_the_serving_benchmark_keeps_each_servers_fastest_round_for_its_table():
+    sb = _serve_bench()
 
     def point(server: str, rate: float):
         return sb.Point(server, 1, 8, int(rate), 1.0, rate, None, None, None, None)
 
     rounds = [[point("bastion", 120.0), point("plain", 100.0)], [point("bastion", 180.0), point("plain", 90.0)]]
     assert {p.server: p.tokens_per_s for p in sb.fastest(rounds)} == {"bastion": 180.0, "plain": 100.0}
+
+
+def test_a_server_named_with_a_checkout_runs_from_that_checkout_first_on_its_path(tmp_path, monkeypatch):
+    """``python -m`` puts the working directory ahead of ``PYTHONPATH``: a server started from one
+    checkout with ``PYTHONPATH`` naming another serves the first one's code. ``NAME@DIR`` starts it with
+    DIR as its working directory and first on its path."""
+    sb = _serve_bench()
+    checkout = tmp_path / "prev"
+    (checkout / "bastion").mkdir(parents=True)
+    (checkout / "bastion" / "__init__.py").write_text("")
+    seen: dict[str, object] = {}
+
+    class FakeServer:
+        def __init__(self, cmd, **kwargs):
+            seen.update(kwargs, cmd=cmd)
+            self.stderr = iter(["bastion serve: bastion-demo (the demo pair) on http://127.0.0.1:9/v1  [max-running 64]\n"])
+
+    monkeypatch.setattr(sb.subprocess, "Popen", FakeServer)
+    monkeypatch.setattr(sb, "_wait_health", lambda url, proc, timeout: None)
+    server = sb.start_server(f"prev@{checkout}", [], {"PYTHONPATH": "/elsewhere"})
+    assert server.label == "prev" and server.url == "http://127.0.0.1:9"
+    assert seen["cwd"] == str(checkout)
+    assert seen["env"]["PYTHONPATH"].split(os.pathsep) == [str(checkout), "/elsewhere"]
+    with pytest.raises(SystemExit, match="no bastion/__init__.py"):
+        sb.start_server(f"prev@{tmp_path / 'nothing'}", [], {})

@@ -2,7 +2,8 @@
 
 Without --target/--drafter it serves the embedded demo pair. Every model and component option of
 ``bastion generate`` applies (``--budget-controller plain`` serves with speculation off, ``--budget N``
-at a fixed tree width). Startup prints the address and the loaded components to stderr; SIGTERM drains
+at a fixed tree width). Startup prints the address, the bastion version and the folder it was imported from (which checkout
+serves, when several are side by side), and the loaded components to stderr; SIGTERM drains
 (new requests get 503, accepted ones finish within --drain-timeout) and exits 0.
 """
 
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import bastion
 from bastion.cli.options import add_model_options, build_pipeline, configure_output
 
 #: the name clients address the embedded demo pair by
@@ -86,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     server = BastionServer(pipe, settings)
     target = args.target or "the demo pair"
     print(f"bastion serve: {settings.model_name} ({target}) on {server.url}/v1  "
-          f"[max-running {settings.max_running}, max-queue {settings.max_queue}]", file=sys.stderr)
+          f"[max-running {settings.max_running}, max-queue {settings.max_queue}]  "
+          f"bastion {bastion.__version__} from {Path(bastion.__file__).parent}", file=sys.stderr)
     print(f"bastion serve: {components_line(pipe)}", file=sys.stderr, flush=True)
     code = server.run()
     print(f"bastion serve: stopped (drained in {server.drained_in or 0.0:.2f} s)", file=sys.stderr, flush=True)
