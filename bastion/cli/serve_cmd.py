@@ -2,9 +2,9 @@
 
 Without --target/--drafter it serves the embedded demo pair. Every model and component option of
 ``bastion generate`` applies (``--budget-controller plain`` serves with speculation off, ``--budget N``
-at a fixed tree width). Startup prints the address, the bastion version and the folder it was imported from (which checkout
-serves, when several are side by side), and the loaded components to stderr; SIGTERM drains
-(new requests get 503, accepted ones finish within --drain-timeout) and exits 0.
+at a fixed tree width). Startup prints the address, the bastion version and the folder it was imported
+from (which checkout serves, when several are side by side), and the loaded components to stderr;
+SIGTERM drains (new requests get 503, accepted ones finish within --drain-timeout) and exits 0.
 """
 
 from __future__ import annotations
