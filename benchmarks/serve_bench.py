@@ -25,7 +25,9 @@ Servers (``--servers``, comma-separated; each started on a free loopback port an
 ``--server-args`` go to every ``bastion serve`` (e.g. ``--target DIR --drafter DIR --device cuda``);
 without them the demo pair is served. ``--offline`` adds the same prompts decoded in this process
 without a server (``Pipeline.generate`` at concurrency 1, ``generate_batch`` over C prompts at a time),
-the reference for the server's overhead. Greedy decoding throughout.
+the reference for the server's overhead: it takes its turn among the servers in every round, and the
+reference server over it is reported as a paired ratio too (``offline_ratios`` in the JSON). Greedy
+decoding throughout.
 
 With ``--repeats R`` every server runs R rounds, the servers taking turns at each concurrency within a
 round. The table keeps each server's fastest round; the **paired ratios** (``--reference``, default
@@ -300,29 +302,38 @@ def summarize(label: str, concurrency: int, samples: list[Sample], wall: float) 
                  _pct(ttft, 50), _pct(ttft, 95), _pct(itl, 50), _pct(itl, 95))
 
 
-def offline_points(server_args: list[str], requests: list[Request], concurrencies: list[int], max_tokens: int) -> list[Point]:
-    """The same prompts decoded in this process: ``generate`` one by one at concurrency 1,
-    ``generate_batch`` over C prompts at a time above (no TTFT or ITL: whole results only)."""
-    import torch
+class OfflineDecoder:
+    """The same prompts decoded in this process, without a server: ``generate`` one by one at
+    concurrency 1, ``generate_batch`` over C prompts at a time above (no TTFT or ITL: whole results
+    only). It takes its turn among the servers in every round (:func:`serve_points`), so the server's
+    overhead is a ratio paired within rounds like the others, not one taken minutes apart."""
 
-    from bastion.cli.main import build_parser
-    from bastion.cli.options import build_pipeline
+    label = "offline"
 
-    pipe = build_pipeline(build_parser().parse_args(["serve", *server_args]))
-    rows = [(pipe.encode_chat([{"role": "user", "content": r.text}]) if r.chat else pipe.encode(r.text))[0] for r in requests]
-    points = []
-    with torch.inference_mode():
-        pipe.generate(rows[0], 8)  # warm-up
-        for c in concurrencies:
+    def __init__(self, server_args: list[str], requests: list[Request]) -> None:
+        import torch
+
+        from bastion.cli.main import build_parser
+        from bastion.cli.options import build_pipeline
+
+        self.pipe = build_pipeline(build_parser().parse_args(["serve", *server_args]))
+        pipe = self.pipe
+        self.rows = [(pipe.encode_chat([{"role": "user", "content": r.text}]) if r.chat else pipe.encode(r.text))[0] for r in requests]
+        with torch.inference_mode():
+            pipe.generate(self.rows[0], 8)  # warm-up
+
+    def point(self, concurrency: int, max_tokens: int) -> Point:
+        import torch
+
+        pipe, rows, c = self.pipe, self.rows, concurrency
+        with torch.inference_mode():
             t0 = time.perf_counter()
             if c == 1:
                 tokens = sum(len(pipe.generate(r, max_tokens).tokens) for r in rows)
             else:
                 tokens = sum(len(res.tokens) for k in range(0, len(rows), c) for res in pipe.generate_batch(rows[k:k + c], max_tokens))
             wall = time.perf_counter() - t0
-            points.append(Point("offline", c, len(rows), tokens, wall, tokens / wall, None, None, None, None))
-            print(f"  offline c={c}: {tokens / wall:.1f} tok/s", file=sys.stderr)
-    return points
+        return Point(self.label, c, len(rows), tokens, wall, tokens / wall, None, None, None, None)
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -381,12 +392,13 @@ def fastest(rounds: list[list[Point]]) -> list[Point]:
 
 def serve_points(
     specs: list[str], server_args: list[str], env: dict[str, str], requests: list[Request], concurrencies: list[int],
-    max_tokens: int, repeats: int,
+    max_tokens: int, repeats: int, offline: OfflineDecoder | None = None,
 ) -> list[list[Point]]:
     """Every server up at once (idle ones cost nothing), then ``repeats`` rounds in which, at each
-    concurrency, the servers take turns: a burst of foreign load on a shared machine falls on one round
-    of every server alike rather than on one server's whole run. Who goes first rotates with the round
-    and the concurrency, so no server always runs right after the same one (or first at every level).
+    concurrency, the servers (and ``offline``, decoding in this process while they idle) take turns: a
+    burst of foreign load on a shared machine falls on one round of every server alike rather than on
+    one server's whole run. Who goes first rotates with the round and the concurrency, so no server
+    always runs right after the same one (or first at every level).
     -> each round's points (see :func:`fastest` and :func:`bastion.bench.paired.paired_ratios`)."""
     servers: list[Server] = []
     try:
@@ -395,14 +407,18 @@ def serve_points(
             if server is not None:
                 servers.append(server)
                 asyncio.run(drive(server, requests[: max(2, min(4, len(requests)))], 2, 8))  # warm-up, not recorded
+        turns: list[Server | OfflineDecoder] = [*servers, *([offline] if offline is not None else [])]
         rounds: list[list[Point]] = []
         for r in range(repeats):
             points: list[Point] = []
             for k, c in enumerate(concurrencies):
-                shift = (r + k) % len(servers) if servers else 0
-                for server in servers[shift:] + servers[:shift]:
-                    point = asyncio.run(drive(server, requests, c, max_tokens))
-                    print(f"  {server.label} c={c}: {point.tokens_per_s:.1f} tok/s  ttft p50 {point.ttft_p50 or 0:.3f} s  "
+                shift = (r + k) % len(turns) if turns else 0
+                for turn in turns[shift:] + turns[:shift]:
+                    if isinstance(turn, OfflineDecoder):
+                        point = turn.point(c, max_tokens)
+                    else:
+                        point = asyncio.run(drive(turn, requests, c, max_tokens))
+                    print(f"  {turn.label} c={c}: {point.tokens_per_s:.1f} tok/s  ttft p50 {point.ttft_p50 or 0:.3f} s  "
                           f"itl p50 {(point.itl_p50 or 0) * 1e3:.1f} ms", file=sys.stderr)
                     points.append(point)
             rounds.append(points)
@@ -442,24 +458,28 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
-    rounds = serve_points([s for s in args.servers.split(",") if s], server_args, env, requests, concurrencies, args.max_tokens, args.repeats)
-    points = fastest(rounds)
-    labels = list(dict.fromkeys(p.server for p in points))
-    against = [name for name in labels if name != args.reference and name != "transformers"]
-    rates = [{(p.server, p.concurrency): p.tokens_per_s for p in r} for r in rounds]
-    ratios = paired_ratios(rates, args.reference, against)  # empty without the reference or anything to compare
+    offline = None
     if args.offline:
         if args.threads is not None:
             import torch
 
             torch.set_num_threads(args.threads)
-        points += offline_points(server_args, requests, concurrencies, args.max_tokens)
+        offline = OfflineDecoder(server_args, requests)
+    rounds = serve_points([s for s in args.servers.split(",") if s], server_args, env, requests, concurrencies, args.max_tokens,
+                          args.repeats, offline)
+    points = fastest(rounds)
+    labels = list(dict.fromkeys(p.server for p in points))
+    against = [name for name in labels if name not in (args.reference, "transformers", OfflineDecoder.label)]
+    rates = [{(p.server, p.concurrency): p.tokens_per_s for p in r} for r in rounds]
+    ratios = paired_ratios(rates, args.reference, against)  # empty without the reference or anything to compare
+    overhead = paired_ratios(rates, args.reference, [OfflineDecoder.label]) if offline is not None else []
     result = {
         "config": {"servers": args.servers, "concurrency": concurrencies, "datasets": args.datasets, "prompts": len(requests),
                    "max_tokens": args.max_tokens, "server_args": server_args, "threads": args.threads, "repeats": args.repeats},
         "points": [attrs.asdict(p) for p in points],
         "rounds": [[attrs.asdict(p) for p in r] for r in rounds],
         "paired_ratios": {"reference": args.reference, "ratios": [attrs.asdict(r) for r in ratios]},
+        "offline_ratios": {"reference": args.reference, "ratios": [attrs.asdict(r) for r in overhead]},
     }
     (out / "serve_bench.json").write_text(json.dumps(result, indent=2))
     if points:
@@ -469,6 +489,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nPaired ratios, {args.reference} over each server within the same round (median over {args.repeats} "
               "round(s), smallest-largest round in brackets):\n")
         print(ratio_table(ratios, args.reference))
+    if overhead:
+        print(f"\nServer overhead, {args.reference} over offline decoding in this process within the same round (median over "
+              f"{args.repeats} round(s), smallest-largest round in brackets):\n")
+        print(ratio_table(overhead, args.reference))
     print(f"wrote {out / 'serve_bench.json'} and {out / 'serve_bench.png'}", file=sys.stderr)
     return 0
 

@@ -108,3 +108,39 @@ def test_a_server_named_with_a_checkout_runs_from_that_checkout_first_on_its_pat
     assert seen["env"]["PYTHONPATH"].split(os.pathsep) == [str(checkout), "/elsewhere"]
     with pytest.raises(SystemExit, match="no bastion/__init__.py"):
         sb.start_server(f"prev@{tmp_path / 'nothing'}", [], {})
+
+
+def test_offline_decoding_takes_its_turn_in_every_round_so_the_server_overhead_is_paired(monkeypatch):
+    """The offline decode ran once after every round, minutes from the servers' fastest rounds, on a
+    machine whose speed drifts by tens of percent: its ratio to a server was unpaired. It now takes its
+    turn among the servers at every concurrency of every round, the order rotating."""
+    sb = _serve_bench()
+    calls: list[tuple[str, int, int]] = []
+
+    class Offline(sb.OfflineDecoder):
+        def __init__(self) -> None:  # no pipeline: the turn order is what is checked
+            pass
+
+        def point(self, concurrency: int, max_tokens: int):
+            calls.append(("offline", concurrency, max_tokens))
+            return sb.Point("offline", concurrency, 1, 10, 1.0, 10.0, None, None, None, None)
+
+    async def drive(server, requests, concurrency, max_tokens):
+        calls.append((server.label, concurrency, max_tokens))
+        return sb.Point(server.label, concurrency, 1, 20, 1.0, 20.0, None, None, None, None)
+
+    monkeypatch.setattr(sb, "start_server", lambda spec, args, env: sb.Server(spec, "http://127.0.0.1:9", "m"))
+    monkeypatch.setattr(sb, "drive", drive)
+    rounds = sb.serve_points(["bastion", "plain"], [], {}, [], [1, 4], 64, 2, Offline())
+    assert len(rounds) == 2
+    for points in rounds:
+        assert sorted((p.server, p.concurrency) for p in points) == sorted(
+            (s, c) for s in ("bastion", "plain", "offline") for c in (1, 4)
+        )
+    measured = [c for c in calls if c[2] == 64]  # warm-ups drive 8 tokens
+    firsts = [measured[k][0] for k in range(0, len(measured), 3)]
+    assert len(set(firsts)) == 3  # who goes first rotates (offline included)
+    rates = [{(p.server, p.concurrency): p.tokens_per_s for p in r} for r in rounds]
+    at1, at4 = paired_ratios(rates, "bastion", ["offline"])
+    assert (at1.level, at1.against, at1.rounds) == (1, "offline", 2) and at1.median == pytest.approx(2.0)
+    assert (at4.level, at4.median) == (4, pytest.approx(2.0))
