@@ -453,6 +453,32 @@ def test_one_slow_step_moves_the_realized_gain_by_at_most_its_share_and_one_fast
     assert c.realism(2) == pytest.approx((15 + 2.0) / 16)
 
 
+def test_a_batch_probe_that_did_not_pay_reports_its_cost_and_the_gates_cap_rises_with_it():
+    """In-process at 16 running requests on the demo pair: a batch backed off to its cap (256 steps)
+    still drafts each countdown probe, and a probe after a long plain stretch also catches the drafter
+    up on every row's positions since its last draft: the one pass of four whose 126 steps included two
+    such drafted steps ran 0.79 of speculation off, the other three 0.96-1.00. A single sequence's
+    failed probes report their cost and raise the gate's cap (probes that do not pay cost at most 0.5%
+    of plain decoding); a batch's did not. They now do, W = 1 included."""
+    c = _backed_off(8, 0.0)
+    c.gate.wait = 0  # the countdown's probe is due
+    lat = _VerifyTooDear()
+    assert c.speculate_batch([10] * 8, lat, _COSTS)  # at the cap it drafts whatever the prediction
+    rows = _row_scores(_GOOD_ROWS[:8])
+    d = c.decide_width(rows, [10] * 8, lat, _COSTS.overhead_s, _COSTS.draft_s)
+    assert d.n == 1 and not c.gate.speculating  # its trees did not pay
+    plain_step = float(lat.predict_batch(torch.tensor([1]), [10] * 8)[0]) + _COSTS.plain_s
+    for _ in range(8):  # the probe took ten plain steps' time and emitted one token per row
+        c.observe(
+            StepFeedback(
+                drafted=True, log_scores=rows[0][:1], accepted_nodes=torch.tensor([0]), context_len=10,
+                verify_s=10 * plain_step, overhead_s=0.0, batch_size=8,
+            )
+        )
+    assert c.gate.probe_excess == pytest.approx(9.0)
+    assert c.gate.cap == 1800  # ceil(9 / 0.005): such probes cost at most 0.5% of plain decoding
+
+
 def test_a_batch_gain_is_predicted_from_what_decisions_on_recent_rows_realize_not_from_their_mean_curve():
     """Measured in the batch sweep at 2 rows on the demo pair: after single-sequence traffic whose
     drafts were sometimes confident (wide trees) and sometimes not (W = 1), the gain of the *mean*

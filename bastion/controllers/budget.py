@@ -425,7 +425,13 @@ class BastionController(BudgetController):
     def _hear_row(self, outcome: StepFeedback) -> None:
         """One row of a speculative batched step: once every row is heard, the step's realized gain (its
         tokens per second over a plain batched step's) against the gain :meth:`decide_width` predicted
-        for it teaches :meth:`realism` at that batch size."""
+        for it teaches :meth:`realism` at that batch size (a step that chose W > 1), and a probe that
+        did not pay reports its cost beyond the plain steps it replaced to the gate
+        (:meth:`SpeculationGate.observe_probe_cost`, in plain batched steps), whose back-off cap rises
+        with it. A batch's probe after a long plain stretch also catches the drafter up on every row's
+        positions since its last draft: in-process at 16 running requests on the demo pair, the one
+        pass of four whose 126 steps included two such drafted steps ran 0.79 of speculation off (the
+        other three 0.96-1.00), and uncosted, the capped back-off (256 steps) repeated them."""
         step = self._pending_step
         if step is None or step.rows != outcome.batch_size:
             return
@@ -435,7 +441,11 @@ class BastionController(BudgetController):
             return
         self._pending_step = None
         seconds = outcome.verify_s + outcome.overhead_s
-        if seconds <= 0 or step.plain_rate <= 0 or step.predicted <= 0:
+        if seconds <= 0 or step.plain_rate <= 0:
+            return
+        if self.gate is not None:  # in plain batched steps (rows / plain_rate seconds each), less those it emitted
+            self.gate.observe_probe_cost(seconds * step.plain_rate / step.rows - step.emitted / step.rows)
+        if step.predicted <= 0:
             return
         realized = (step.emitted / seconds) / step.plain_rate
         recent = self._realism.get(step.rows)
@@ -631,7 +641,8 @@ class BastionController(BudgetController):
         # step measured yet (0 s), and their realized / predicted gain (measured in a server's first steps
         # at 2 rows: 0.15) would scale every later prediction at that size down until a capped probe
         priced = draft_s > 0 and plain_s > 0
-        self._pending_step = _PendingStep(len(rows), float(plain), gain) if width > 1 and priced else None
+        # (a step at W = 1 is still measured: a probe that did not pay reports its cost to the gate)
+        self._pending_step = _PendingStep(len(rows), float(plain), gain if width > 1 else 0.0) if priced else None
         gain *= self.realism(len(rows))
         if self.gate is not None:
             self.gate.update(gain)
@@ -721,7 +732,8 @@ class FixedController(BudgetController):
 
 class _PendingStep:
     """A speculative batched step whose rows' feedback is still arriving: its rows, a plain batched
-    step's tokens per second and the gain predicted for it, then the rows heard and tokens emitted."""
+    step's tokens per second and the gain predicted for it (0: W = 1, nothing to compare), then the rows
+    heard and tokens emitted."""
 
     __slots__ = ("rows", "plain_rate", "predicted", "heard", "emitted")
 
