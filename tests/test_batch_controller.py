@@ -397,9 +397,9 @@ def test_a_batch_whose_speculative_steps_realize_less_than_predicted_stops_draft
     assert c.realism(3) == 1.0  # another batch size is not judged by this one
 
 
-def _realize(c: BastionController, rows: list[torch.Tensor], lat: LatencyModel, share: float) -> float:
+def _realize(c: BastionController, rows: list[torch.Tensor], lat: LatencyModel, share: float) -> None:
     """One speculative batched step of ``rows`` (each row emits 3 tokens) whose measured time makes it
-    realize ``share`` of the gain it was predicted -> that predicted gain (before realism)."""
+    realize ``share`` of the gain it was predicted (before realism)."""
     c.speculate_batch([10] * len(rows), lat, _COSTS)
     d = c.decide_width(rows, [10] * len(rows), lat, _COSTS.overhead_s, _COSTS.draft_s)
     step = c._pending_step
@@ -412,7 +412,6 @@ def _realize(c: BastionController, rows: list[torch.Tensor], lat: LatencyModel, 
                 verify_s=seconds, overhead_s=0.0, batch_size=len(rows),
             )
         )
-    return step.predicted
 
 
 def test_a_run_of_poor_steps_lowers_the_realized_gain_by_its_share_of_recent_steps_not_to_its_own_level():
