@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import bastion
-from bastion.controllers.budget import _RECHECK_EVERY, BastionController, FixedController
+from bastion.controllers.budget import _RECHECK_EVERY, PLAIN_STEPS_MIN, BastionController, FixedController
 from bastion.controllers.latency.roofline import RooflineLatency
 from bastion.huggingface.causal_lm import HFTarget
 from bastion.engine.costs import CostBySize
@@ -174,7 +174,11 @@ def test_flat_verification_cost_makes_w_grow():
     steps, proposals = _run(PlantedBatchLatency(base=100.0, per_bw=0.0), noise=0.2)
     widths = [s.width for s in steps]
     assert np.mean(widths) > 8
-    assert proposals >= len(steps) - 4  # every row drafted at every step (but a last one-token step)
+    # every row drafted at every step but a last one-token step and the plain steps that first price each batch size
+    # (PLAIN_STEPS_MIN steps of `size` row records each)
+    sizes = {s.batch_size for s in steps if s.batch_size and s.batch_size > 1}
+    assert proposals >= len(steps) - 4 - PLAIN_STEPS_MIN * sum(sizes)
+    assert sum(not s.drafted for s in steps) <= 4 + PLAIN_STEPS_MIN * sum(sizes)
 
 
 def test_roofline_prices_weights_once_per_batch_and_work_per_token():
@@ -632,3 +636,20 @@ def test_a_row_that_joined_a_backed_off_batch_is_predicted_from_the_long_run_row
     c.begin_batch(SamplingConfig(), 2)
     c.decide_width(_row_scores(poor), [10, 10], lat, _COSTS.overhead_s, _COSTS.draft_s)  # the batch drafted
     assert c._predicted_gain([10, 10], lat, _COSTS) == pytest.approx(recent)  # its own rows: the recent window
+
+
+@pytest.mark.parametrize("measured", range(PLAIN_STEPS_MIN))
+def test_a_batch_size_with_too_few_plain_steps_measured_decodes_plainly_and_its_gates_first_look_waits(measured):
+    """Below PLAIN_STEPS_MIN plain steps measured at a batch size the batch does not draft, whatever its
+    gate says; the gate's first look (a fresh batch drafts its first step) is then still to come once the
+    size is priced, and costs that do not count their plain steps (None) leave the gate alone."""
+    c = BastionController(calibration=False)
+    c.begin_batch(SamplingConfig(), 4)
+    unmeasured = BatchStepCosts(_COSTS.overhead_s, _COSTS.draft_s, _COSTS.plain_s, plain_steps=measured)
+    assert not c.speculate_batch([10] * 4, _SmallBatchesPay(), unmeasured)
+    assert c.gate.speculating and c.gate.gain is None  # the first look has not happened
+    priced = BatchStepCosts(_COSTS.overhead_s, _COSTS.draft_s, _COSTS.plain_s, plain_steps=PLAIN_STEPS_MIN)
+    assert c.speculate_batch([10] * 4, _SmallBatchesPay(), priced)
+    uncounted = BastionController(calibration=False)
+    uncounted.begin_batch(SamplingConfig(), 4)
+    assert uncounted.speculate_batch([10] * 4, _SmallBatchesPay(), _COSTS)

@@ -39,7 +39,7 @@ from bastion.contract.interfaces import BatchStepCosts, BudgetController, Budget
 from bastion.utils.running import RobustLevel
 from bastion.contract.types import SamplingConfig, SpeedupEstimator, StepFeedback
 
-__all__ = ["BastionController", "BastionDecision", "FixedController", "batch_accept_curve"]
+__all__ = ["PLAIN_STEPS_MIN", "BastionController", "BastionDecision", "FixedController", "batch_accept_curve"]
 
 #: a step measured this many times slower than its prediction ran beside a burst of foreign load
 _BURST_RATIO = 1.5
@@ -75,6 +75,12 @@ def _scores_to_numpy(log_scores: torch.Tensor) -> np.ndarray:
 def _check_overhead(overhead_s: float) -> float:
     return check_number("overhead_s", overhead_s)
 
+
+#: plain steps measured at a batch size before a batch of that size drafts (:meth:`BastionController.speculate_batch`):
+#: every gain at that size is judged against a plain step's price there, so it is measured, not extrapolated
+#: (the first plain step at a size can run cold: at 2 rows in a fresh server, 17.9 ms outside the forward
+#: against about 1.5 ms later, and the median of three sets it aside)
+PLAIN_STEPS_MIN = 3
 
 #: the realized / predicted gain of a batch size's speculative steps is trusted within these bounds
 _REALISM_BOUNDS = (0.05, 1.5)
@@ -245,6 +251,12 @@ class BastionController(BudgetController):
     def speculate_batch(self, context_lens: Sequence[int], latency: LatencyModel, costs: BatchStepCosts) -> bool:
         """The gate's decision for a batched step, checked against the batch's measured costs.
 
+        A batch size whose plain step was measured fewer than :data:`PLAIN_STEPS_MIN` times
+        (``costs.plain_steps``) decodes plainly first: a drafted step's realized gain is its tokens per
+        second over a plain step's at that size, so a plain price extrapolated from other sizes (one
+        cold step at 2 rows scaled to 16 rows priced it at 83 ms, against under 3 measured) would have the
+        batch draft on gains it never realizes, with nothing to correct them.
+
         While speculation pays the gate decides alone (every speculative step's :meth:`decide_width`
         updates it). Otherwise the gain of speculating now is predicted from :attr:`row_curve` (the
         acceptance of recent speculative steps) and the latency and cost models at this batch size:
@@ -270,6 +282,8 @@ class BastionController(BudgetController):
         gate = self.gate
         if gate is None:
             return True
+        if costs.plain_steps is not None and costs.plain_steps < PLAIN_STEPS_MIN:
+            return False  # a plain step measures the price every gain at this size is judged against (the gate's look waits)
         first = gate.speculating and gate.gain is None  # a batch's first step: the gate's first probe
         if gate.speculating and not first:
             return gate.should_draft()

@@ -29,6 +29,7 @@ class CostBySize:
         self.weight = check_number("weight", weight, strict=True)
         self._levels: dict[int, RobustLevel] = {}
         self._means: dict[int, float] = {}
+        self._counts: dict[int, int] = {}
         self._line: tuple[float, float] | None = None  # the fit through _means, until the next observation
 
     def observe(self, batch_size: int, seconds: float) -> None:
@@ -38,6 +39,7 @@ class CostBySize:
         if level is None:
             level = self._levels[b] = RobustLevel()
         level.observe(s)
+        self._counts[b] = self._counts.get(b, 0) + 1
         if self._means.get(b) != level.value:
             self._means[b] = level.value
             self._line = None
@@ -45,6 +47,10 @@ class CostBySize:
     @property
     def sizes(self) -> tuple[int, ...]:
         return tuple(sorted(self._means))
+
+    def count(self, batch_size: int) -> int:
+        """How many steps at ``batch_size`` were measured (0: its cost is extrapolated)."""
+        return self._counts.get(int(batch_size), 0)
 
     def __call__(self, batch_size: int) -> float:
         """Predicted seconds at ``batch_size`` (0.0 before any observation)."""

@@ -420,7 +420,8 @@ class Engine:
         b = len(ctxs)
         costs = pipe._batch_costs
         stage.at("budget_controller", controller, "speculate_batch")
-        return bool(controller.speculate_batch(ctxs, pipe.latency_model, BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b))))
+        step_costs = BatchStepCosts(costs.other(b), costs.draft(b), costs.plain(b), costs.plain.count(b))
+        return bool(controller.speculate_batch(ctxs, pipe.latency_model, step_costs))
 
     def _plain(self, rows: list[Request], ctxs: list[int], clock: StageClock, updates: list[StepUpdate], stage: "_Stage") -> int:
         """The target alone: one forward over every row's root, each row's next token, and the drafter
