@@ -44,7 +44,7 @@ def test_a_newcomers_first_token_reaches_its_stream_before_the_step_that_admitte
 
     async def main() -> list[object]:
         worker.start()
-        ticket = worker.submit(lambda: Prepared(_pipe().encode_chat("What is 2+3?")[0].tolist(), config))
+        ticket = worker.submit(lambda pipe: Prepared(pipe.encode_chat("What is 2+3?")[0].tolist(), config))
         events = []
         while not events or not isinstance(events[-1], (Finished, Rejected)):
             events.append(await asyncio.wait_for(ticket.next_event(), 60))

@@ -10,6 +10,7 @@ SIGTERM drains (new requests get 503, accepted ones finish within --drain-timeou
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "decoding rows, so it stalls them by one chunk at a time (0: whole prompts at once; default 256)")
     g.add_argument("--chat-max-tokens", type=int, default=256,
                    help="the longest chat answer for requests without max_tokens (default 256)")
+    g.add_argument("--engine", choices=("process", "thread"), default="process",
+                   help="where the engine runs: a process of its own, so the HTTP front end never holds its interpreter "
+                   "lock (default), or a thread of the server's process")
     add_model_options(p)
     p.set_defaults(func=run)
     return p
@@ -66,9 +70,24 @@ def served_model_name(args: argparse.Namespace) -> str:
 
 
 def components_line(pipe: Any) -> str:
-    """The loaded components, one ``kind=Class`` each."""
-    kinds = ("drafter", "tree_builder", "budget_controller", "latency_model", "verifier")
-    return "  ".join(f"{k}={type(getattr(pipe, k)).__name__}" for k in kinds)
+    """The loaded components, one ``kind=Class`` each (``pipe``: a pipeline, or its
+    :func:`~bastion.serve.process.component_names`)."""
+    from bastion.serve.process import component_names
+
+    names = pipe if isinstance(pipe, dict) else component_names(pipe)
+    return "  ".join(f"{k}={v}" for k, v in names.items())
+
+
+def serve_pipeline(args: argparse.Namespace) -> Any:
+    """The pipeline ``args`` describe, with the run's output settings: what the engine process calls
+    (a fresh interpreter, so the log level and quiet output are set again there)."""
+    from bastion.utils.logs import configure_logging, request_level
+
+    request_level(getattr(args, "log_level", None))
+    if getattr(args, "log_level", None) is not None:
+        configure_logging()
+    configure_output(args.verbose)
+    return build_pipeline(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         from bastion.serve import BastionServer, ServeSettings
+        from bastion.serve.process import EngineStartError, component_names
     except ImportError as exc:  # the serve extra is not installed
         raise InvalidInputError(f"bastion serve needs the serve extra ({exc.name} is missing): pip install 'bastion[serve]'") from None
     configure_output(args.verbose)
@@ -84,13 +104,23 @@ def run(args: argparse.Namespace) -> int:
         drain_timeout=args.drain_timeout, model_name=served_model_name(args), chat_max_tokens=args.chat_max_tokens,
         prefill_tokens=args.prefill_tokens, prefill_chunk=args.prefill_chunk or None, log_level=_server_log_level(args.verbose),
     )  # checked before any model loads
-    pipe = build_pipeline(args)
-    server = BastionServer(pipe, settings)
+    if args.engine == "thread":
+        pipe = build_pipeline(args)
+        server = BastionServer(pipe, settings)
+        loaded = {"components": component_names(pipe), "version": bastion.__version__, "folder": str(Path(bastion.__file__).parent)}
+    else:
+        try:
+            server = BastionServer.spawn(functools.partial(serve_pipeline, args), settings)
+        except EngineStartError as exc:
+            if exc.bad_input:  # e.g. a target without a drafter: said as the thread engine would say it
+                raise InvalidInputError(str(exc)) from None
+            raise
+        loaded = server.worker.info
     target = args.target or "the demo pair"
     print(f"bastion serve: {settings.model_name} ({target}) on {server.url}/v1  "
-          f"[max-running {settings.max_running}, max-queue {settings.max_queue}]  "
-          f"bastion {bastion.__version__} from {Path(bastion.__file__).parent}", file=sys.stderr)
-    print(f"bastion serve: {components_line(pipe)}", file=sys.stderr, flush=True)
+          f"[max-running {settings.max_running}, max-queue {settings.max_queue}, engine {args.engine}]  "
+          f"bastion {loaded['version']} from {loaded['folder']}", file=sys.stderr)
+    print(f"bastion serve: {components_line(loaded['components'])}", file=sys.stderr, flush=True)
     code = server.run()
     print(f"bastion serve: stopped (drained in {server.drained_in or 0.0:.2f} s)", file=sys.stderr, flush=True)
     return code

@@ -13,9 +13,10 @@ so does a non-streaming client, checked every :data:`DISCONNECT_POLL_S` seconds 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 import attrs
 from fastapi import FastAPI, Request
@@ -24,7 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from bastion.serve.errors import APIError, BadRequestError, UnavailableError, as_api_error
 from bastion.serve.metrics import CONTENT_TYPE
-from bastion.serve.prepare import Prepared, chat_inputs, completion_inputs
+from bastion.serve.process import EngineProcess
+from bastion.serve.prepare import chat_inputs, completion_inputs
 from bastion.serve.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -37,7 +39,7 @@ from bastion.serve.protocol import (
     parse_completion,
     usage,
 )
-from bastion.serve.worker import Accepted, Delta, EngineWorker, Event, Finished, Rejected, Ticket
+from bastion.serve.worker import Accepted, Delta, EngineWorker, Event, Finished, Prepare, Rejected, Ticket
 
 __all__ = ["AppState", "DISCONNECT_POLL_S", "create_app"]
 
@@ -50,7 +52,7 @@ class AppState:
     """What the routes share: the engine thread, the served model's name and creation time, the
     context window, the chat answer cap, and whether the server is draining (refusing new work)."""
 
-    worker: EngineWorker
+    worker: EngineWorker | EngineProcess
     model_name: str
     max_positions: int
     chat_max_tokens: int = 256
@@ -109,16 +111,15 @@ def create_app(state: AppState) -> FastAPI:
         _check_open(state)
         req = parse_completion(await request.body())
         _check_model(state, req.model)
-        pipe = state.worker.pipe
-        return await _generate(state, request, req, lambda: completion_inputs(pipe, req), chat=False)
+        return await _generate(state, request, req, functools.partial(completion_inputs, req=req), chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         _check_open(state)
         req = parse_chat(await request.body())
         _check_model(state, req.model)
-        pipe, cap = state.worker.pipe, state.chat_max_tokens
-        return await _generate(state, request, req, lambda: chat_inputs(pipe, req, cap), chat=True)
+        prepare = functools.partial(chat_inputs, req=req, default_max_tokens=state.chat_max_tokens)
+        return await _generate(state, request, req, prepare, chat=True)
 
     return app
 
@@ -130,7 +131,7 @@ def _model_card(state: AppState) -> dict[str, Any]:
 
 def _check_open(state: AppState) -> None:
     if state.draining:
-        state.worker.metrics.rejected.labels("draining").inc()
+        state.worker.metrics.count_rejected("draining")
         raise UnavailableError("the server is shutting down", retry_after=state.retry_after, code="draining")
 
 
@@ -141,8 +142,9 @@ def _check_model(state: AppState, name: str) -> None:
 
 
 async def _generate(state: AppState, http: Request, req: CompletionRequest | ChatRequest,
-                    prepare: Callable[[], Prepared], *, chat: bool) -> Response:
-    """Submit the request; answer with its whole result, or stream it as server-sent events."""
+                    prepare: Prepare, *, chat: bool) -> Response:
+    """Submit the request (``prepare``: plain data and a module-level function, so an engine in a process
+    of its own can take it); answer with its whole result, or stream it as server-sent events."""
     worker = state.worker
     ticket = worker.submit(prepare, deltas=bool(req.stream))  # a whole answer needs no per-step events
     try:

@@ -1,6 +1,8 @@
 """The server's Prometheus metrics, in a registry of their own (one per server).
 
-The engine thread records them (prometheus_client's metrics are thread-safe); ``GET /metrics`` renders
+The engine thread records them (prometheus_client's metrics are thread-safe) through the methods of
+:class:`ServeMetrics`; an engine in a process of its own records them in a :class:`MetricsRecorder`,
+whose calls its server replays on the real metrics (:func:`replay`). ``GET /metrics`` renders
 :meth:`ServeMetrics.render` in the Prometheus text format. Names:
 
 - ``bastion_requests_running`` / ``bastion_requests_waiting`` (gauges): rows decoding now, requests
@@ -24,7 +26,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-__all__ = ["CONTENT_TYPE", "ServeMetrics"]
+__all__ = ["CONTENT_TYPE", "MetricsRecorder", "ServeMetrics", "replay"]
 
 CONTENT_TYPE: str = CONTENT_TYPE_LATEST
 
@@ -62,6 +64,18 @@ class ServeMetrics:
         self._steps = 0
         self._drafted = 0
 
+    def count_prompt_tokens(self, n: int) -> None:
+        self.prompt_tokens.inc(n)
+
+    def count_completion_tokens(self, n: int) -> None:
+        self.completion_tokens.inc(n)
+
+    def count_finished(self, reason: str) -> None:
+        self.finished.labels(reason).inc()
+
+    def count_rejected(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+
     def observe_step(self, summary: Any) -> None:
         """One engine step's :class:`~bastion.engine.StepSummary`."""
         self._steps += 1
@@ -83,11 +97,76 @@ class ServeMetrics:
 
     def observe_first_token(self, request: Any) -> None:
         """A request's queue time and time to first token, once it has its first token."""
-        if request.t_admitted is not None:
-            self.queue_seconds.observe(max(0.0, request.t_admitted - request.t_queued))
-        if request.t_first_token is not None:
-            self.ttft_seconds.observe(max(0.0, request.t_first_token - request.t_queued))
+        self.observe_latency(*first_token_latency(request))
+
+    def observe_latency(self, queue_s: float | None, ttft_s: float | None) -> None:
+        """Seconds a request waited for admission and for its first token (None: not known)."""
+        if queue_s is not None:
+            self.queue_seconds.observe(queue_s)
+        if ttft_s is not None:
+            self.ttft_seconds.observe(ttft_s)
 
     def render(self) -> bytes:
         """The metrics in the Prometheus text format."""
         return generate_latest(self.registry)
+
+
+def first_token_latency(request: Any) -> tuple[float | None, float | None]:
+    """An engine request's seconds from arrival to admission and to its first token (None: not yet)."""
+    queue_s = None if request.t_admitted is None else max(0.0, request.t_admitted - request.t_queued)
+    ttft_s = None if request.t_first_token is None else max(0.0, request.t_first_token - request.t_queued)
+    return queue_s, ttft_s
+
+
+Call = tuple[str, tuple[Any, ...]]  # a recorded metrics call: method name, arguments
+
+
+class MetricsRecorder:
+    """Takes the engine's metrics calls where the metrics are not (an engine in a process of its own):
+    each is kept as a ``(method, args)`` pair, plain data, until :meth:`take` hands them over for
+    :func:`replay` on the server's :class:`ServeMetrics`. The queue gauges are kept only when they
+    change (the engine sets them on every pass of its loop)."""
+
+    def __init__(self) -> None:
+        self._calls: list[Call] = []
+        self._queue: tuple[int, int] | None = None
+
+    def count_prompt_tokens(self, n: int) -> None:
+        self._calls.append(("count_prompt_tokens", (n,)))
+
+    def count_completion_tokens(self, n: int) -> None:
+        self._calls.append(("count_completion_tokens", (n,)))
+
+    def count_finished(self, reason: str) -> None:
+        self._calls.append(("count_finished", (reason,)))
+
+    def count_rejected(self, reason: str) -> None:
+        self._calls.append(("count_rejected", (reason,)))
+
+    def observe_step(self, summary: Any) -> None:
+        self._calls.append(("observe_step", (summary,)))
+
+    def observe_queue(self, running: int, waiting: int) -> None:
+        if self._queue != (running, waiting):
+            self._queue = (running, waiting)
+            self._calls.append(("observe_queue", (running, waiting)))
+
+    def observe_first_token(self, request: Any) -> None:
+        self._calls.append(("observe_latency", first_token_latency(request)))
+
+    def take(self) -> list[Call]:
+        """The calls recorded since the last take (and forget them)."""
+        calls, self._calls = self._calls, []
+        return calls
+
+
+_REPLAYED = frozenset({"count_prompt_tokens", "count_completion_tokens", "count_finished", "count_rejected",
+                       "observe_step", "observe_queue", "observe_latency"})
+
+
+def replay(metrics: ServeMetrics, calls: list[Call]) -> None:
+    """Make ``calls`` (from :meth:`MetricsRecorder.take`) on ``metrics``."""
+    for name, args in calls:
+        if name not in _REPLAYED:
+            raise ValueError(f"not a metrics call: {name!r}")
+        getattr(metrics, name)(*args)

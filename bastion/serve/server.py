@@ -1,4 +1,4 @@
-"""Running the server: the engine thread, the app and uvicorn, with a draining shutdown.
+"""Running the server: the engine (a thread, or a process of its own), the app and uvicorn, with a draining shutdown.
 
 :class:`BastionServer` binds its socket at construction (``port=0`` picks a free one; :attr:`url`
 says where it listens), then :meth:`BastionServer.run` serves in the calling (main) thread until
@@ -19,13 +19,14 @@ import socket
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import uvicorn
 
 from bastion.contract.errors import InvalidInputError
 from bastion.serve.app import AppState, create_app
+from bastion.serve.process import EngineProcess
 from bastion.serve.worker import EngineWorker
 
 __all__ = ["BastionServer", "ServeSettings"]
@@ -93,13 +94,16 @@ class _Uvicorn(uvicorn.Server):
 class BastionServer:
     """One server over ``pipe`` (see the module doc)."""
 
-    def __init__(self, pipe: Any, settings: ServeSettings | None = None) -> None:
+    def __init__(self, pipe: Any, settings: ServeSettings | None = None, *, engine: EngineProcess | None = None) -> None:
         self.settings = settings = settings or ServeSettings()
         self.pipe = pipe
-        self.worker = EngineWorker(pipe, max_running=settings.max_running, max_queue=settings.max_queue,
-                                   prefill_tokens=settings.prefill_tokens, prefill_chunk=settings.prefill_chunk)
-        self.state = AppState(self.worker, settings.model_name, int(pipe.target.max_positions),
-                              chat_max_tokens=settings.chat_max_tokens)
+        self.worker: EngineWorker | EngineProcess
+        if engine is None:
+            self.worker = EngineWorker(pipe, **_engine_options(settings))
+            max_positions = int(pipe.target.max_positions)
+        else:
+            self.worker, max_positions = engine, int(engine.info["max_positions"])
+        self.state = AppState(self.worker, settings.model_name, max_positions, chat_max_tokens=settings.chat_max_tokens)
         self.app = create_app(self.state)
         self.socket = _bind(settings.host, settings.port)
         self.host, self.port = self.socket.getsockname()[:2]
@@ -109,6 +113,20 @@ class BastionServer:
         self._thread: threading.Thread | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self.drained_in: float | None = None  # seconds the last drain took
+
+    @classmethod
+    def spawn(cls, build: Callable[[], Any], settings: ServeSettings | None = None, *, startup_timeout: float = 900.0) -> "BastionServer":
+        """A server whose engine runs in a process of its own (:mod:`bastion.serve.process`): ``build()``, a
+        picklable callable (e.g. ``functools.partial(Pipeline.from_pretrained, target, drafter)``), makes
+        the pipeline there. Returns once the pipeline is loaded and the socket bound; :attr:`pipe` is None
+        (the models live in the engine process) and ``worker.info`` describes what it serves."""
+        settings = settings or ServeSettings()
+        engine = EngineProcess(build, startup_timeout=startup_timeout, **_engine_options(settings))
+        try:
+            return cls(None, settings, engine=engine)
+        except BaseException:
+            engine.stop()
+            raise
 
     @property
     def url(self) -> str:
@@ -192,6 +210,11 @@ class BastionServer:
         await asyncio.sleep(0.05)  # let the last responses flush
         self.drained_in = time.monotonic() - start
         self._server.should_exit = True
+
+
+def _engine_options(settings: ServeSettings) -> dict[str, Any]:
+    return dict(max_running=settings.max_running, max_queue=settings.max_queue, prefill_tokens=settings.prefill_tokens,
+                prefill_chunk=settings.prefill_chunk)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -2,7 +2,9 @@
 
 The asyncio front end hands it work through a thread-safe inbox (:meth:`EngineWorker.submit`,
 :meth:`EngineWorker.cancel`) and gets events back in each request's own asyncio queue (through
-``loop.call_soon_threadsafe``). Between steps the thread takes every command waiting in its inbox:
+``loop.call_soon_threadsafe``). The same loop runs in an engine process of its own
+(:mod:`bastion.serve.process`), its events then sent to the server's process. Between steps the thread
+takes every command waiting in its inbox:
 a submission is prepared (tokenized and checked, see :mod:`bastion.serve.prepare`) and added to the
 engine, or refused; a cancellation drops a waiting request or takes a running one out of the batch at
 the next step. Then it runs one :meth:`Engine.step` and forwards each request's new text. With nothing
@@ -20,7 +22,7 @@ import asyncio
 import logging
 import queue
 import threading
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 import attrs
 import torch
@@ -74,13 +76,24 @@ Event = Accepted | Rejected | Delta | Finished
 _LastEvent = TypeVar("_LastEvent", Rejected, Finished)  # a request's last event
 
 
-class Ticket:
-    """One request as the front end and the engine thread share it: how to prepare it (run on the
-    engine thread), the asyncio queue its events arrive in, and its engine request once added."""
+Prepare = Callable[[Any], Prepared]  # the pipeline -> the request ready for the engine (run on the engine thread)
 
-    def __init__(self, prepare: Callable[[], Prepared], loop: asyncio.AbstractEventLoop, *, deltas: bool = True) -> None:
+
+class Outbox(Protocol):
+    """Where a ticket's events go when it is not on an asyncio loop of this process (an engine in a
+    process of its own sends them to the server's process)."""
+
+    def deliver(self, batch: list[tuple[Any, Event]]) -> None: ...
+
+
+class Ticket:
+    """One request as the front end and the engine thread share it: how to prepare it (called with the
+    pipeline, on the engine thread), the asyncio queue its events arrive in, and its engine request once
+    added."""
+
+    def __init__(self, prepare: Prepare, loop: asyncio.AbstractEventLoop, *, deltas: bool = True) -> None:
         self.prepare = prepare
-        self.loop = loop
+        self.loop: asyncio.AbstractEventLoop | Outbox = loop
         #: whether the front end wants a :class:`Delta` per step (a stream) or only the last event; a
         #: request answered whole gets none, so its steps never wake the event loop
         self.deltas = deltas
@@ -116,13 +129,16 @@ class Ticket:
 
 
 def push_all(items: list[tuple[Ticket, Event]]) -> None:
-    """Hand each ``(ticket, event)`` to its ticket's loop, in order, with one wake-up per loop (from the
-    engine thread): a step's events for every running request cost the front end one wake-up, not one
-    per request."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Ticket, Event]]] = {}
+    """Hand each ``(ticket, event)`` to its ticket's loop (or :class:`Outbox`), in order, with one
+    wake-up per loop (from the engine thread): a step's events for every running request cost the front
+    end one wake-up, not one per request."""
+    by_loop: dict[Any, list[tuple[Ticket, Event]]] = {}
     for ticket, event in items:
         by_loop.setdefault(ticket.loop, []).append((ticket, event))
     for loop, batch in by_loop.items():
+        if not isinstance(loop, asyncio.AbstractEventLoop):
+            loop.deliver(batch)
+            continue
         try:
             loop.call_soon_threadsafe(_receive_all, batch)
         except RuntimeError:  # the loop is closed: nobody is listening any more
@@ -189,9 +205,10 @@ class EngineWorker:
         with self._lock:
             return self._open
 
-    def submit(self, prepare: Callable[[], Prepared], *, deltas: bool = True) -> Ticket:
-        """Queue a request (call from the front end's event loop); its events arrive in the ticket
-        (``deltas=False``: no :class:`Delta` events, for a request answered whole)."""
+    def submit(self, prepare: Prepare, *, deltas: bool = True) -> Ticket:
+        """Queue a request (call from the front end's event loop): ``prepare(pipe)`` runs on the engine
+        thread; its events arrive in the ticket (``deltas=False``: no :class:`Delta` events, for a request
+        answered whole)."""
         ticket = Ticket(prepare, asyncio.get_running_loop(), deltas=deltas)
         if not self.alive:
             ticket.events.put_nowait(Rejected(UnavailableError("the engine is not running", code="engine_down")))
@@ -251,6 +268,11 @@ class EngineWorker:
             if not self._engine.idle:
                 self._step()
             self.metrics.observe_queue(len(self._engine.running), len(self._engine.waiting))
+            self._flush()
+
+    def _flush(self) -> None:
+        """The end of one pass of the loop (before it may block on the inbox): an engine in a process of
+        its own sends what it has gathered here."""
 
     def _add(self, ticket: Ticket) -> None:
         engine = self._engine
@@ -261,17 +283,17 @@ class EngineWorker:
             if queued >= self.max_queue:
                 raise UnavailableError(f"the server's queue is full ({self.max_queue} waiting requests); retry later",
                                        code="queue_full")
-            prepared = ticket.prepare()
+            prepared = ticket.prepare(self.pipe)
             request = engine.add(prepared.prompt_ids, prepared.config, text=True)
         except Exception as exc:  # noqa: BLE001 - refused: the client gets the error
             error = as_api_error(exc)
             reason = error.code if error.code in ("queue_full", "cancelled") else "invalid" if error.status == 400 else "error"
-            self.metrics.rejected.labels(reason).inc()
+            self.metrics.count_rejected(reason)
             self._close(ticket, Rejected(error))
             return
         ticket.request = request
         self._live[request.id] = ticket
-        self.metrics.prompt_tokens.inc(request.prompt_len)
+        self.metrics.count_prompt_tokens(request.prompt_len)
         ticket.push(Accepted(request.prompt_len, request.config.max_new_tokens))
 
     def _cancel(self, ticket: Ticket) -> None:
@@ -304,7 +326,7 @@ class EngineWorker:
             if ticket is None:
                 continue
             if update.tokens:
-                self.metrics.completion_tokens.inc(len(update.tokens))
+                self.metrics.count_completion_tokens(len(update.tokens))
                 if not ticket.first_token_seen:
                     ticket.first_token_seen = True
                     self.metrics.observe_first_token(update.request)
@@ -316,7 +338,7 @@ class EngineWorker:
 
     def _finish(self, ticket: Ticket, request: Any, *, push: bool = True) -> Finished:
         reason = str(request.stop_reason)
-        self.metrics.finished.labels(reason).inc()
+        self.metrics.count_finished(reason)
         error = None
         if reason == "error":
             error = as_api_error(request.error if request.error is not None else RuntimeError("decoding failed"))
@@ -338,7 +360,7 @@ class EngineWorker:
         """End every request in the engine with ``error`` (the engine is dropped or shutting down)."""
         for ticket in list(self._live.values()):
             request = ticket.request
-            self.metrics.finished.labels("error").inc()
+            self.metrics.count_finished("error")
             self._close(ticket, Finished("error", request.prompt_len, len(request.tokens), request.text, error))
         self._live.clear()
         while True:  # submissions nobody will prepare
