@@ -15,6 +15,8 @@ Servers (``--servers``, comma-separated; each started on a free loopback port an
 - ``fixed:N``: ``bastion serve --budget N`` (a fixed tree width of N nodes);
 - ``transformers``: ``transformers serve TARGET --continuous-batching`` on the same target (skipped when
   the ``transformers`` command is not installed);
+- ``NAME~OPTIONS``: ``bastion serve`` with more options (shell-quoted), e.g. ``thread~--engine thread`` to
+  set the engine on a thread of the server's process beside the default (a process of its own);
 - ``NAME=URL``: a server that is already running (not started, not stopped), e.g. on another machine;
 - ``NAME@DIR``: ``bastion serve`` (adaptive) from the checkout at DIR, e.g. ``prev@../prev`` beside
   ``bastion`` to serve two commits side by side. It runs with DIR as its working directory and first on
@@ -215,6 +217,11 @@ def _arg(args: list[str], flag: str, default: str) -> str:
 
 
 def start_server(spec: str, server_args: list[str], env: dict[str, str]) -> Server | None:
+    if "~" in spec:
+        label, options = spec.split("~", 1)
+        if not label:
+            raise SystemExit(f"{spec!r}: NAME~OPTIONS needs a name")
+        return start_bastion(label, shlex.split(options), server_args, env)
     if "=" in spec:
         label, url = spec.split("=", 1)
         import httpx
@@ -235,7 +242,7 @@ def start_server(spec: str, server_args: list[str], env: dict[str, str]) -> Serv
         return start_bastion(spec, ["--budget", spec.split(":", 1)[1]], server_args, env)
     if spec == "transformers":
         return start_transformers(_arg(server_args, "--target", demo_target()), _arg(server_args, "--device", "cpu"), env)
-    raise SystemExit(f"unknown server {spec!r}: bastion, plain, fixed:N, transformers, NAME=URL or NAME@DIR")
+    raise SystemExit(f"unknown server {spec!r}: bastion, plain, fixed:N, transformers, NAME~OPTIONS, NAME=URL or NAME@DIR")
 
 
 # ---------------------------------------------------------------------------------------- driving
@@ -431,7 +438,8 @@ def serve_points(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default="bastion,plain,fixed:4,fixed:16,transformers",
-                    help="comma-separated: bastion, plain, fixed:N, transformers, NAME=URL, NAME@DIR (bastion serve from the checkout at DIR)")
+                    help="comma-separated: bastion, plain, fixed:N, transformers, NAME~OPTIONS (bastion serve with OPTIONS), NAME=URL, "
+                         "NAME@DIR (bastion serve from the checkout at DIR)")
     ap.add_argument("--concurrency", default=",".join(map(str, DEFAULT_CONCURRENCIES)), help="comma-separated levels")
     ap.add_argument("--datasets", default="gsm8k,humaneval,mt_bench", help="bench data sets (see bastion bench)")
     ap.add_argument("--prompts", type=int, default=16, help="prompts per data set (default 16)")

@@ -110,6 +110,27 @@ def test_a_server_named_with_a_checkout_runs_from_that_checkout_first_on_its_pat
         sb.start_server(f"prev@{tmp_path / 'nothing'}", [], {})
 
 
+def test_a_server_named_with_options_is_bastion_serve_with_those_options_after_the_shared_ones(monkeypatch):
+    """``NAME~OPTIONS`` serves the same code with more options (e.g. the engine on a thread beside the
+    default engine process): they follow ``--server-args``, so they win where both set one."""
+    sb = _serve_bench()
+    seen: dict[str, object] = {}
+
+    class FakeServer:
+        def __init__(self, cmd, **kwargs):
+            seen.update(kwargs, cmd=cmd)
+            self.stderr = iter(["bastion serve: bastion-demo (the demo pair) on http://127.0.0.1:9/v1  [max-running 64]\n"])
+
+    monkeypatch.setattr(sb.subprocess, "Popen", FakeServer)
+    monkeypatch.setattr(sb, "_wait_health", lambda url, proc, timeout: None)
+    server = sb.start_server("thread~--engine thread --budget 8", ["--engine", "process"], {})
+    assert server.label == "thread" and seen["cwd"] is None
+    cmd = seen["cmd"]
+    assert cmd[-6:] == ["--engine", "process", "--engine", "thread", "--budget", "8"]
+    with pytest.raises(SystemExit, match="needs a name"):
+        sb.start_server("~--engine thread", [], {})
+
+
 def test_offline_decoding_takes_its_turn_in_every_round_so_the_server_overhead_is_paired(monkeypatch):
     """The offline decode ran once after every round, minutes from the servers' fastest rounds, on a
     machine whose speed drifts by tens of percent: its ratio to a server was unpaired. It now takes its

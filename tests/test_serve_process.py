@@ -185,3 +185,21 @@ def test_recorded_metrics_calls_replayed_give_the_metrics_the_direct_calls_give(
     assert samples(direct)[("bastion_time_to_first_token_seconds_sum", ())] == 0.75
     with pytest.raises(ValueError):
         replay(replayed, [("render", ())])
+
+
+def test_a_request_whose_preparation_does_not_pickle_fails_alone_and_the_engine_serves_the_next(server: BastionServer) -> None:
+    """What the app submits is plain data and a module-level function; anything else cannot reach the engine
+    process: that request is refused with a 500 and leaves nothing open, and the next request is served."""
+    import asyncio
+
+    from bastion.serve.worker import Rejected
+
+    async def submit() -> Any:
+        ticket = server.worker.submit(lambda pipe: None)  # a lambda does not pickle
+        return await asyncio.wait_for(ticket.next_event(), 10)
+
+    event = asyncio.run(submit())
+    assert isinstance(event, Rejected) and event.error.status == 500
+    assert server.worker.open_requests == 0
+    got = client(server).completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0)
+    assert got.usage.completion_tokens == 4

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import bastion
 from bastion.contract.errors import InvalidInputError
-from bastion.serve.errors import UnavailableError
+from bastion.serve.errors import UnavailableError, as_api_error
 from bastion.serve.metrics import MetricsRecorder, ServeMetrics, replay
 from bastion.serve.worker import _STOP, EngineWorker, Event, Finished, Prepare, Rejected, Ticket, push_all
 
@@ -142,7 +142,12 @@ class EngineProcess:
         ticket.request = key  # the front end's handle; the engine's request stays in its process
         with self._lock:
             self._tickets[key] = ticket
-        if not self._send(("submit", key, prepare, deltas)):
+        try:
+            sent = self._send(("submit", key, prepare, deltas))
+        except Exception as exc:  # noqa: BLE001 - it does not pickle: this request fails, the server goes on
+            self._answer([(key, Rejected(as_api_error(exc)))])
+            return ticket
+        if not sent:
             self._answer([(key, Rejected(UnavailableError("the engine is not running", code="engine_down")))])
         return ticket
 
@@ -159,6 +164,7 @@ class EngineProcess:
 
     # ------------------------------------------------------------------ the relay
     def _send(self, message: tuple[Any, ...]) -> bool:
+        """Send ``message`` -> False when the engine process is gone (an object that does not pickle raises)."""
         with self._send_lock:
             try:
                 self._conn.send(message)
@@ -293,18 +299,33 @@ def _take_commands(conn: Any, worker: EngineWorker, proxies: dict[int, _Proxy], 
         except (EOFError, OSError):
             inbox.put((_STOP, None))
             return
-        kind = message[0]
-        if kind == "submit":
-            _, key, prepare, deltas = message
-            proxy = proxies[key] = _Proxy(key, prepare, deltas, sender)
-            inbox.put(("submit", proxy))
-        elif kind == "cancel":
-            proxy = proxies.get(message[1])
-            if proxy is not None and not proxy.cancelled:
-                proxy.cancelled = True
-                inbox.put(("cancel", proxy))
-        elif kind == "cancel_all":
-            inbox.put(("cancel_all", None))
-        elif kind == "stop":
-            inbox.put((_STOP, None))
+        except Exception:  # noqa: BLE001 - a command that does not unpickle here: skipped
+            log.exception("the engine process could not read a command")
+            continue
+        try:
+            _take(message, worker, proxies, sender)
+        except Exception:  # noqa: BLE001 - one malformed command must not stop the inbox
+            log.exception("the engine process could not take a command")
+        if message and message[0] == "stop":
             return
+
+
+def _take(message: tuple[Any, ...], worker: EngineWorker, proxies: dict[int, _Proxy], sender: _Sender) -> None:
+    """One command from the server into the worker's inbox."""
+    inbox = worker._inbox
+    kind = message[0]
+    if kind == "submit":
+        _, key, prepare, deltas = message
+        proxy = proxies[key] = _Proxy(key, prepare, deltas, sender)
+        inbox.put(("submit", proxy))
+    elif kind == "cancel":
+        found = proxies.get(message[1])
+        if found is not None and not found.cancelled:
+            found.cancelled = True
+            inbox.put(("cancel", found))
+    elif kind == "cancel_all":
+        inbox.put(("cancel_all", None))
+    elif kind == "stop":
+        inbox.put((_STOP, None))
+    else:
+        raise ValueError(f"unknown command {kind!r}")
