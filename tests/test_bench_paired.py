@@ -85,14 +85,9 @@ def test_the_serving_benchmark_keeps_each_servers_fastest_round_for_its_table():
     assert {p.server: p.tokens_per_s for p in sb.fastest(rounds)} == {"bastion": 180.0, "plain": 100.0}
 
 
-def test_a_server_named_with_a_checkout_runs_from_that_checkout_first_on_its_path(tmp_path, monkeypatch):
-    """``python -m`` puts the working directory ahead of ``PYTHONPATH``: a server started from one
-    checkout with ``PYTHONPATH`` naming another serves the first one's code. ``NAME@DIR`` starts it with
-    DIR as its working directory and first on its path."""
-    sb = _serve_bench()
-    checkout = tmp_path / "prev"
-    (checkout / "bastion").mkdir(parents=True)
-    (checkout / "bastion" / "__init__.py").write_text("")
+def _fake_servers(sb, monkeypatch) -> dict[str, object]:
+    """``bastion serve`` processes that only print their startup line: what each was started with
+    (its command and ``Popen``'s options) lands in the returned dict."""
     seen: dict[str, object] = {}
 
     class FakeServer:
@@ -102,6 +97,18 @@ def test_a_server_named_with_a_checkout_runs_from_that_checkout_first_on_its_pat
 
     monkeypatch.setattr(sb.subprocess, "Popen", FakeServer)
     monkeypatch.setattr(sb, "_wait_health", lambda url, proc, timeout: None)
+    return seen
+
+
+def test_a_server_named_with_a_checkout_runs_from_that_checkout_first_on_its_path(tmp_path, monkeypatch):
+    """``python -m`` puts the working directory ahead of ``PYTHONPATH``: a server started from one
+    checkout with ``PYTHONPATH`` naming another serves the first one's code. ``NAME@DIR`` starts it with
+    DIR as its working directory and first on its path."""
+    sb = _serve_bench()
+    checkout = tmp_path / "prev"
+    (checkout / "bastion").mkdir(parents=True)
+    (checkout / "bastion" / "__init__.py").write_text("")
+    seen = _fake_servers(sb, monkeypatch)
     server = sb.start_server(f"prev@{checkout}", [], {"PYTHONPATH": "/elsewhere"})
     assert server.label == "prev" and server.url == "http://127.0.0.1:9"
     assert seen["cwd"] == str(checkout)
@@ -114,15 +121,7 @@ def test_a_server_named_with_options_is_bastion_serve_with_those_options_after_t
     """``NAME~OPTIONS`` serves the same code with more options (e.g. the engine on a thread beside the
     default engine process): they follow ``--server-args``, so they win where both set one."""
     sb = _serve_bench()
-    seen: dict[str, object] = {}
-
-    class FakeServer:
-        def __init__(self, cmd, **kwargs):
-            seen.update(kwargs, cmd=cmd)
-            self.stderr = iter(["bastion serve: bastion-demo (the demo pair) on http://127.0.0.1:9/v1  [max-running 64]\n"])
-
-    monkeypatch.setattr(sb.subprocess, "Popen", FakeServer)
-    monkeypatch.setattr(sb, "_wait_health", lambda url, proc, timeout: None)
+    seen = _fake_servers(sb, monkeypatch)
     server = sb.start_server("thread~--engine thread --budget 8", ["--engine", "process"], {})
     assert server.label == "thread" and seen["cwd"] is None
     cmd = seen["cmd"]

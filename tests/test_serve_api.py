@@ -19,6 +19,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from prometheus_client.parser import text_string_to_metric_families
+from serve_client import client, metric, stream_started, wait_idle
 
 from bastion.serve import BastionServer, ServeSettings
 
@@ -105,28 +106,8 @@ def _quiet_engine(pipe: Any) -> Iterator[None]:
     pipe.hooks.delay, pipe.hooks.fail_next = 0.0, False
 
 
-def wait_idle(server: BastionServer, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while server.worker.open_requests and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.worker.open_requests == 0
-
-
-def client(server: BastionServer) -> Any:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def aclient(server: BastionServer) -> Any:
     return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def metric(server: BastionServer, name: str, **labels: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
 
 
 _offline: dict[tuple[Any, ...], Any] = {}
@@ -349,13 +330,7 @@ def test_client_disconnect_mid_stream_frees_its_row(server: BastionServer) -> No
     pipe_delay.delay = 0.02
     cancelled = metric(server, "bastion_requests_finished_total", reason="cancelled")
     tokens = metric(server, "bastion_completion_tokens_total")
-    stream = client(server).completions.create(model=MODEL, prompt=PROMPTS[3], max_tokens=600, temperature=0, stream=True,
-                                               extra_body={"ignore_eos": True})
-    seen = 0
-    for ch in stream:
-        seen += bool(ch.choices and ch.choices[0].text)
-        if seen >= 2:
-            break
+    stream = stream_started(server, MODEL, PROMPTS[3], 600)
     assert metric(server, "bastion_requests_running") == 1
     stream.close()
     deadline = time.monotonic() + 5

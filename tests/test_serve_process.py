@@ -18,7 +18,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from prometheus_client.parser import text_string_to_metric_families
+from serve_client import client, metric, stream_started, wait_idle
 
 import bastion
 from bastion.contract.errors import InvalidInputError
@@ -54,26 +54,6 @@ def server() -> Iterator[BastionServer]:
         server.stop()
 
 
-def client(server: BastionServer) -> Any:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def metric(server: BastionServer, name: str, **labels: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
-
-
-def wait_idle(server: BastionServer, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while server.worker.open_requests and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.worker.open_requests == 0
-
-
 def test_a_spawned_engine_answers_as_offline_generate_streamed_or_not(pipe: bastion.Pipeline, server: BastionServer) -> None:
     assert server.pipe is None and isinstance(server.worker, EngineProcess)
     assert server.worker.info["components"]["budget_controller"] == type(pipe.budget_controller).__name__
@@ -88,13 +68,13 @@ def test_a_spawned_engine_answers_as_offline_generate_streamed_or_not(pipe: bast
     want = pipe.generate(pipe.encode_chat([{"role": "user", "content": "What is 2+3?"}]), 12)
     chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is 2+3?"}], max_tokens=12, temperature=0)
     assert chat.choices[0].message.content == want.text
-    wait_idle(server)
+    wait_idle(server, 20)
 
 
 def test_the_engine_process_metrics_reach_the_servers_metrics_endpoint(server: BastionServer) -> None:
     before = {name: metric(server, name) for name in ("bastion_completion_tokens_total", "bastion_steps_total", "bastion_prompt_tokens_total")}
     got = client(server).completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=10, temperature=0)
-    wait_idle(server)
+    wait_idle(server, 20)
     deadline = time.monotonic() + 5  # the step's metrics may trail its events by one message
     while metric(server, "bastion_completion_tokens_total") < before["bastion_completion_tokens_total"] + 10 and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -107,13 +87,7 @@ def test_the_engine_process_metrics_reach_the_servers_metrics_endpoint(server: B
 def test_a_client_disconnect_cancels_its_row_across_the_pipe(server: BastionServer) -> None:
     cancelled = metric(server, "bastion_requests_finished_total", reason="cancelled")
     tokens = metric(server, "bastion_completion_tokens_total")
-    stream = client(server).completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=900, temperature=0, stream=True,
-                                               extra_body={"ignore_eos": True})
-    seen = 0
-    for ch in stream:
-        seen += bool(ch.choices and ch.choices[0].text)
-        if seen >= 2:
-            break
+    stream = stream_started(server, MODEL, PROMPTS[1], 900)
     stream.close()
     deadline = time.monotonic() + 10
     while metric(server, "bastion_requests_finished_total", reason="cancelled") < cancelled + 1 and time.monotonic() < deadline:
@@ -121,7 +95,7 @@ def test_a_client_disconnect_cancels_its_row_across_the_pipe(server: BastionServ
     assert metric(server, "bastion_requests_finished_total", reason="cancelled") == cancelled + 1
     assert metric(server, "bastion_requests_running") == 0
     assert metric(server, "bastion_completion_tokens_total") - tokens < 600  # it left long before its 900 tokens
-    wait_idle(server)
+    wait_idle(server, 20)
 
 
 def test_a_build_that_refuses_its_input_says_why_and_one_that_breaks_names_the_error() -> None:
