@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers.cache_utils import DynamicLayer
 
 from bastion.huggingface.causal_lm import HFTarget
@@ -69,3 +72,34 @@ def test_tree_mask_buffer_is_reused_across_steps_and_always_equals_a_fresh_mask(
         storage = mask.data_ptr()
         target.forward_tree(tree)
         target.commit(torch.tensor([0]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 9), st.data())
+def test_keeping_ascending_rows_in_place_equals_selecting_them_and_later_updates_land_alike(batch, length, data) -> None:
+    """``keep_rows`` (in place, filled slots only) leaves the same keys and values as HF's
+    ``batch_select_indices`` (a copy of every row's whole capacity), and the next update and crop act alike."""
+    rows = sorted(data.draw(st.sets(st.integers(0, batch - 1), min_size=1)))
+    gen = torch.Generator().manual_seed(batch * 31 + length)
+    moved, selected = SlabLayer(), SlabLayer()
+    for layer in (moved, selected):
+        k = torch.randn(batch, 2, length + 1, 4, generator=torch.Generator().manual_seed(7))
+        layer.update(k, k + 1)
+    moved.keep_rows(rows)
+    selected.batch_select_indices(torch.tensor(rows))
+    assert torch.equal(moved.keys, selected.keys) and torch.equal(moved.values, selected.values)
+    new = torch.randn(len(rows), 2, 3, 4, generator=gen)
+    for layer in (moved, selected):
+        layer.update(new, new * 2)
+        layer.crop(-1)
+    assert torch.equal(moved.keys, selected.keys) and torch.equal(moved.values, selected.values)
+    assert moved.keys.shape == (len(rows), 2, length + 3, 4)
+
+
+def test_keeping_rows_out_of_order_or_outside_the_batch_is_refused() -> None:
+    layer = SlabLayer()
+    k = torch.zeros(3, 1, 2, 4)
+    layer.update(k, k)
+    for rows in ([1, 0], [0, 0], [3], [-1, 2]):
+        with pytest.raises(ValueError):
+            layer.keep_rows(rows)
