@@ -2,7 +2,7 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streamed as server-sent events
 with ``"stream": true``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Each request is parsed
-and checked (:mod:`bastion.serve.protocol`), handed to the engine thread (:mod:`bastion.serve.worker`),
+and checked (:mod:`bastion.serve.protocol`), handed to the engine (:mod:`bastion.serve.worker`, :mod:`bastion.serve.process`),
 and answered from the events that thread sends back. Every error is OpenAI's error body with its status
 (400 bad request, 500 a component failed, 503 queue full or shutting down, with ``Retry-After``).
 
@@ -49,7 +49,7 @@ DISCONNECT_POLL_S = 0.5
 
 @attrs.define
 class AppState:
-    """What the routes share: the engine thread, the served model's name and creation time, the
+    """What the routes share: the engine (a thread or a process of its own), the served model's name and creation time, the
     context window, the chat answer cap, and whether the server is draining (refusing new work)."""
 
     worker: EngineWorker | EngineProcess
