@@ -3,7 +3,7 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both streamed as server-sent events
 with ``"stream": true``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``. Each request is parsed
 and checked (:mod:`bastion.serve.protocol`), handed to the engine (:mod:`bastion.serve.worker`, :mod:`bastion.serve.process`),
-and answered from the events that thread sends back. Every error is OpenAI's error body with its status
+and answered from the events the engine sends back. Every error is OpenAI's error body with its status
 (400 bad request, 500 a component failed, 503 queue full or shutting down, with ``Retry-After``).
 
 A streaming client that disconnects cancels its request (its row leaves the batch at the next step);
