@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import bastion
 from bastion.cli.options import add_model_options, build_pipeline, configure_output
 
 #: the name clients address the embedded demo pair by
@@ -69,12 +68,8 @@ def served_model_name(args: argparse.Namespace) -> str:
     return path.name if path.exists() else str(args.target)
 
 
-def components_line(pipe: Any) -> str:
-    """The loaded components, one ``kind=Class`` each (``pipe``: a pipeline, or its
-    :func:`~bastion.serve.process.component_names`)."""
-    from bastion.serve.process import component_names
-
-    names = pipe if isinstance(pipe, dict) else component_names(pipe)
+def components_line(names: dict[str, str]) -> str:
+    """The loaded components (:func:`~bastion.serve.process.component_names`), one ``kind=Class`` each."""
     return "  ".join(f"{k}={v}" for k, v in names.items())
 
 
@@ -95,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         from bastion.serve import BastionServer, ServeSettings
-        from bastion.serve.process import EngineStartError, component_names
+        from bastion.serve.process import EngineStartError, engine_info
     except ImportError as exc:  # the serve extra is not installed
         raise InvalidInputError(f"bastion serve needs the serve extra ({exc.name} is missing): pip install 'bastion[serve]'") from None
     configure_output(args.verbose)
@@ -107,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "thread":
         pipe = build_pipeline(args)
         server = BastionServer(pipe, settings)
-        loaded = {"components": component_names(pipe), "version": bastion.__version__, "folder": str(Path(bastion.__file__).parent)}
+        loaded = engine_info(pipe)
     else:
         try:
             server = BastionServer.spawn(functools.partial(serve_pipeline, args), settings)

@@ -304,7 +304,7 @@ class BatchStepCosts:
     overhead_s: float  # a speculative step's non-verify seconds besides drafting
     draft_s: float  # drafting and tree building (not spent on a plain step)
     plain_s: float  # a plain step's non-verify seconds
-    #: plain steps measured at this batch size (0: ``plain_s`` is extrapolated from other sizes; None: not counted)
+    #: measured plain steps ``plain_s`` rests on at this batch size (0: extrapolated from other sizes; None: not counted)
     plain_steps: int | None = None
 
 

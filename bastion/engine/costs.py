@@ -29,7 +29,6 @@ class CostBySize:
         self.weight = check_number("weight", weight, strict=True)
         self._levels: dict[int, RobustLevel] = {}
         self._means: dict[int, float] = {}
-        self._counts: dict[int, int] = {}
         self._line: tuple[float, float] | None = None  # the fit through _means, until the next observation
 
     def observe(self, batch_size: int, seconds: float) -> None:
@@ -39,7 +38,6 @@ class CostBySize:
         if level is None:
             level = self._levels[b] = RobustLevel()
         level.observe(s)
-        self._counts[b] = self._counts.get(b, 0) + 1
         if self._means.get(b) != level.value:
             self._means[b] = level.value
             self._line = None
@@ -49,8 +47,11 @@ class CostBySize:
         return tuple(sorted(self._means))
 
     def count(self, batch_size: int) -> int:
-        """How many steps at ``batch_size`` were measured (0: its cost is extrapolated)."""
-        return self._counts.get(int(batch_size), 0)
+        """How many measured steps the cost at ``batch_size`` rests on (0: extrapolated): every step
+        measured there until its level's window is full, and never fewer than a lasting change's run once
+        one restarted it (:class:`~bastion.utils.running.RobustLevel`)."""
+        level = self._levels.get(int(batch_size))
+        return 0 if level is None else level.count
 
     def __call__(self, batch_size: int) -> float:
         """Predicted seconds at ``batch_size`` (0.0 before any observation)."""

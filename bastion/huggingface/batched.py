@@ -225,13 +225,12 @@ class HFTargetBatch(TargetBatch):
         self._drop_pending()
         if rows == list(range(b)):
             return
-        idx = torch.tensor(rows)
         ascending = all(a < b for a, b in zip(rows, rows[1:]))
         for layer in self._layers():
             if ascending and isinstance(layer, SlabLayer):
                 layer.keep_rows(rows)  # in place, filled slots only
             else:
-                layer.batch_select_indices(idx.to(layer.keys.device))
+                layer.batch_select_indices(torch.tensor(rows, device=layer.keys.device))
         self._ctx = [self._ctx[r] for r in rows]
         self._fit(self._slots)
 

@@ -22,7 +22,8 @@ whose calls its server replays on the real metrics (:func:`replay`). ``GET /metr
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -124,35 +125,29 @@ Call = tuple[str, tuple[Any, ...]]  # a recorded metrics call: method name, argu
 class MetricsRecorder:
     """Takes the engine's metrics calls where the metrics are not (an engine in a process of its own):
     each is kept as a ``(method, args)`` pair, plain data, until :meth:`take` hands them over for
-    :func:`replay` on the server's :class:`ServeMetrics`. The queue gauges are kept only when they
-    change (the engine sets them on every pass of its loop)."""
+    :func:`replay` on the server's :class:`ServeMetrics`. The counters and ``observe_step`` are kept as
+    called; the queue gauges only when they change (the engine sets them on every pass of its loop); a
+    request's first token as its latencies (:func:`first_token_latency`), not the request."""
 
     def __init__(self) -> None:
         self._calls: list[Call] = []
         self._queue: tuple[int, int] | None = None
 
-    def count_prompt_tokens(self, n: int) -> None:
-        self._calls.append(("count_prompt_tokens", (n,)))
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        if name not in _AS_CALLED:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return functools.partial(self._record, name)
 
-    def count_completion_tokens(self, n: int) -> None:
-        self._calls.append(("count_completion_tokens", (n,)))
-
-    def count_finished(self, reason: str) -> None:
-        self._calls.append(("count_finished", (reason,)))
-
-    def count_rejected(self, reason: str) -> None:
-        self._calls.append(("count_rejected", (reason,)))
-
-    def observe_step(self, summary: Any) -> None:
-        self._calls.append(("observe_step", (summary,)))
+    def _record(self, name: str, *args: Any) -> None:
+        self._calls.append((name, args))
 
     def observe_queue(self, running: int, waiting: int) -> None:
         if self._queue != (running, waiting):
             self._queue = (running, waiting)
-            self._calls.append(("observe_queue", (running, waiting)))
+            self._record("observe_queue", running, waiting)
 
     def observe_first_token(self, request: Any) -> None:
-        self._calls.append(("observe_latency", first_token_latency(request)))
+        self._record("observe_latency", *first_token_latency(request))
 
     def take(self) -> list[Call]:
         """The calls recorded since the last take (and forget them)."""
@@ -160,8 +155,9 @@ class MetricsRecorder:
         return calls
 
 
-_REPLAYED = frozenset({"count_prompt_tokens", "count_completion_tokens", "count_finished", "count_rejected",
-                       "observe_step", "observe_queue", "observe_latency"})
+#: the metrics calls a recorder keeps as they are made
+_AS_CALLED = frozenset({"count_prompt_tokens", "count_completion_tokens", "count_finished", "count_rejected", "observe_step"})
+_REPLAYED = _AS_CALLED | {"observe_queue", "observe_latency"}
 
 
 def replay(metrics: ServeMetrics, calls: list[Call]) -> None:

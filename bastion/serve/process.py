@@ -38,9 +38,9 @@ import bastion
 from bastion.contract.errors import InvalidInputError
 from bastion.serve.errors import UnavailableError, as_api_error
 from bastion.serve.metrics import MetricsRecorder, ServeMetrics, replay
-from bastion.serve.worker import _STOP, EngineWorker, Event, Finished, Prepare, Rejected, Ticket, push_all
+from bastion.serve.worker import _STOP, EngineWorker, Event, Finished, Prepare, Rejected, Ticket, engine_down, push_all
 
-__all__ = ["EngineProcess", "EngineStartError", "component_names"]
+__all__ = ["EngineProcess", "EngineStartError", "component_names", "engine_info"]
 
 log = logging.getLogger("bastion.serve")
 
@@ -59,6 +59,13 @@ class EngineStartError(RuntimeError):
 def component_names(pipe: Any) -> dict[str, str]:
     """The pipeline's components, ``kind -> class name``."""
     return {kind: type(getattr(pipe, kind)).__name__ for kind in _KINDS}
+
+
+def engine_info(pipe: Any) -> dict[str, Any]:
+    """What an engine over ``pipe`` serves, as plain data: the context window (``max_positions``), the
+    components, and the version and folder of the ``bastion`` it runs (:attr:`EngineProcess.info`)."""
+    return {"max_positions": int(pipe.target.max_positions), "components": component_names(pipe),
+            "version": bastion.__version__, "folder": str(Path(bastion.__file__).parent)}
 
 
 class EngineProcess:
@@ -136,7 +143,7 @@ class EngineProcess:
         process, so it must pickle (plain data and a module-level function)."""
         ticket = Ticket(prepare, asyncio.get_running_loop(), deltas=deltas)
         if not self.alive:
-            ticket.events.put_nowait(Rejected(UnavailableError("the engine is not running", code="engine_down")))
+            ticket.events.put_nowait(Rejected(engine_down()))
             return ticket
         key = next(self._ids)
         ticket.request = key  # the front end's handle; the engine's request stays in its process
@@ -148,7 +155,7 @@ class EngineProcess:
             self._answer([(key, Rejected(as_api_error(exc)))])
             return ticket
         if not sent:
-            self._answer([(key, Rejected(UnavailableError("the engine is not running", code="engine_down")))])
+            self._answer([(key, Rejected(engine_down()))])
         return ticket
 
     def cancel(self, ticket: Ticket) -> None:
@@ -276,8 +283,7 @@ def _child_main(conn: Any, build: Callable[[], Any], options: dict[str, Any]) ->
         return
     proxies: dict[int, _Proxy] = {}
     worker.sender = sender = _Sender(conn, recorder, proxies)
-    conn.send(("ready", {"max_positions": int(pipe.target.max_positions), "components": component_names(pipe),
-                         "version": bastion.__version__, "folder": str(Path(bastion.__file__).parent)}))
+    conn.send(("ready", engine_info(pipe)))
     threading.Thread(target=_take_commands, args=(conn, worker, proxies, sender), name="bastion-engine-inbox", daemon=True).start()
     worker._main()  # the engine loop, in this process's main thread, until a stop
     if worker.failure is not None:

@@ -153,6 +153,11 @@ def _receive_all(batch: list[tuple[Ticket, Event]]) -> None:
 _STOP = "stop"
 
 
+def engine_down() -> UnavailableError:
+    """The 503 a request gets when no engine is running to take it."""
+    return UnavailableError("the engine is not running", code="engine_down")
+
+
 class EngineWorker:
     """Owns an :class:`~bastion.engine.Engine` on a thread of its own (see the module doc).
 
@@ -211,7 +216,7 @@ class EngineWorker:
         answered whole)."""
         ticket = Ticket(prepare, asyncio.get_running_loop(), deltas=deltas)
         if not self.alive:
-            ticket.events.put_nowait(Rejected(UnavailableError("the engine is not running", code="engine_down")))
+            ticket.events.put_nowait(Rejected(engine_down()))
             return ticket
         with self._lock:
             self._open += 1
@@ -321,12 +326,13 @@ class EngineWorker:
     def _hand_over(self, updates: list[StepUpdate]) -> None:
         """Each update's events to its request's stream, all in one wake-up of the front end's loop."""
         out: list[tuple[Ticket, Event]] = []  # these updates' events, handed over together
+        tokens = 0
         for update in updates:
             ticket = self._live.get(update.request.id)
             if ticket is None:
                 continue
             if update.tokens:
-                self.metrics.count_completion_tokens(len(update.tokens))
+                tokens += len(update.tokens)
                 if not ticket.first_token_seen:
                     ticket.first_token_seen = True
                     self.metrics.observe_first_token(update.request)
@@ -334,6 +340,8 @@ class EngineWorker:
                 out.append((ticket, Delta(update.text, len(update.tokens))))
             if update.finished:
                 out.append((ticket, self._finish(ticket, update.request, push=False)))
+        if tokens:
+            self.metrics.count_completion_tokens(tokens)  # once per hand-over, not per row
         push_all(out)
 
     def _finish(self, ticket: Ticket, request: Any, *, push: bool = True) -> Finished:
